@@ -1,0 +1,3 @@
+from pgrag.cli import main
+
+main()

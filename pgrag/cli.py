@@ -1,0 +1,253 @@
+"""The ``pgrag`` command: parses arguments, calls the library, prints.
+
+Exit codes: 0 success; 1 any other error; 2 bad usage or configuration; 3 the server is
+unreachable, cannot start or lacks pgvector; 4 the database is not migrated; 5 an embedding
+dimension mismatch; 6 a document declaration or render error; 7 an invalid filter; 8 a missing
+optional dependency; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import click
+import psycopg
+
+from pgrag import config, migrate
+from pgrag.errors import PgragError
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class _Group(click.Group):
+    """Turns PgragError (and stray database errors) into one line and an exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PgragError as exc:
+            click.echo(f"pgrag: error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+        except psycopg.Error as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            click.echo(f"pgrag: database error: {first}", err=True)
+            ctx.exit(1)
+        except KeyboardInterrupt:
+            click.echo("pgrag: interrupted", err=True)
+            ctx.exit(130)
+
+
+@dataclass
+class _State:
+    database_url: str | None
+
+    def url(self) -> str:
+        from pgrag.db import resolve_url
+
+        return resolve_url(self.database_url)
+
+
+@click.group(cls=_Group, context_settings=CONTEXT_SETTINGS)
+@click.option(
+    "--database-url",
+    metavar="URL",
+    envvar=config.ENV_DATABASE_URL,
+    help="PostgreSQL with pgvector to use (default: the embedded server). Env: PGRAG_DATABASE_URL.",
+)
+@click.version_option(package_name="pgrag-relational", prog_name="pgrag")
+@click.pass_context
+def cli(ctx: click.Context, database_url: str | None) -> None:
+    """pgrag: retrieval-augmented generation over relational data, inside PostgreSQL.
+
+    With no --database-url and no PGRAG_DATABASE_URL, pgrag runs its own embedded
+    PostgreSQL 18 + pgvector in a per-user data directory (PGRAG_DATA_DIR overrides).
+    """
+    if database_url:
+        config.validate_url(database_url)
+    ctx.obj = _State(database_url or None)
+
+
+# ---------------------------------------------------------------- server
+
+
+@cli.group(cls=_Group, context_settings=CONTEXT_SETTINGS)
+def server() -> None:
+    """Manage the embedded PostgreSQL server (start, stop, status, url, psql)."""
+
+
+def _embedded() -> Any:
+    from pgrag.server import EmbeddedServer
+
+    return EmbeddedServer()
+
+
+@server.command("start")
+def server_start() -> None:
+    """Start the embedded server (or reuse the running one) and create its database."""
+    s = _embedded()
+    url = s.start()
+    click.echo(f"embedded PostgreSQL running in {s.data_dir}")
+    click.echo(url)
+
+
+@server.command("stop")
+def server_stop() -> None:
+    """Stop the embedded server (fast shutdown: open transactions roll back)."""
+    s = _embedded()
+    if s.stop():
+        click.echo(f"stopped the embedded server in {s.data_dir}")
+    else:
+        click.echo(f"the embedded server in {s.data_dir} was not running")
+
+
+@server.command("status")
+def server_status() -> None:
+    """Say whether the embedded server runs, where, and its URL. Exit 3 if it is stopped."""
+    st = _embedded().status()
+    click.echo(f"data directory: {st.data_dir}")
+    click.echo(
+        f"initialized:    {'yes, PostgreSQL ' + str(st.version) if st.initialized else 'no'}"
+    )
+    click.echo(f"running:        {'yes, pid ' + str(st.pid) if st.running else 'no'}")
+    if st.url:
+        click.echo(f"url:            {st.url}")
+    if not st.running:
+        sys.exit(3)
+
+
+@server.command("url")
+def server_url() -> None:
+    """Print the embedded server's URL (starting it if needed), e.g. for PGRAG_DATABASE_URL."""
+    click.echo(_embedded().ensure())
+
+
+@server.command("psql", context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("psql_args", nargs=-1, type=click.UNPROCESSED)
+@click.pass_obj
+def server_psql(state: _State, psql_args: tuple[str, ...]) -> None:
+    """Open psql on pgrag's database (extra arguments go to psql, e.g. -c 'select 1')."""
+    from pgrag.server import bin_dir
+
+    url = state.url()
+    exe = str(bin_dir() / "psql")
+    sys.stdout.flush()
+    os.execv(exe, [exe, "-X", url, *psql_args])
+
+
+# ---------------------------------------------------------------- db
+
+
+@cli.group(cls=_Group, context_settings=CONTEXT_SETTINGS)
+def db() -> None:
+    """Migrate the database schema (alembic, with pgrag's SQL files)."""
+
+
+@db.command("upgrade")
+@click.argument("revision", default="head")
+@click.option(
+    "--dimension",
+    type=click.IntRange(1, 2000),
+    envvar=config.ENV_EMBEDDING_DIM,
+    help="Embedding dimension, fixed at the first migration (default 384). "
+    "Env: PGRAG_EMBEDDING_DIM.",
+)
+@click.option("--hnsw-m", type=click.IntRange(2, 100), help="HNSW m (default 16).")
+@click.option(
+    "--hnsw-ef-construction",
+    type=click.IntRange(4, 1000),
+    help="HNSW ef_construction (default 64).",
+)
+@click.pass_obj
+def db_upgrade(
+    state: _State,
+    revision: str,
+    dimension: int | None,
+    hnsw_m: int | None,
+    hnsw_ef_construction: int | None,
+) -> None:
+    """Migrate up to REVISION (default: head), in one transaction."""
+    url = state.url()
+    before = migrate.current(url)
+    migrate.upgrade(
+        url,
+        revision,
+        dimension=dimension,
+        hnsw_m=hnsw_m,
+        hnsw_ef_construction=hnsw_ef_construction,
+    )
+    after = migrate.current(url)
+    if before == after:
+        click.echo(f"already at {after}; functions refreshed")
+    else:
+        click.echo(f"migrated {before or 'base'} -> {after}")
+
+
+@db.command("downgrade")
+@click.argument("revision")
+@click.pass_obj
+def db_downgrade(state: _State, revision: str) -> None:
+    """Migrate down to REVISION ("base" removes pgrag's schema and what it created)."""
+    url = state.url()
+    before = migrate.current(url)
+    migrate.downgrade(url, revision)
+    click.echo(f"migrated {before or 'base'} -> {migrate.current(url) or 'base'}")
+
+
+@db.command("current")
+@click.pass_obj
+def db_current(state: _State) -> None:
+    """Print the revision the database is at ("base" before the first migration)."""
+    at = migrate.current(state.url())
+    head = migrate.head()
+    click.echo(f"{at or 'base'}{' (head)' if at == head else f' (head is {head})'}")
+
+
+@db.command("history")
+def db_history() -> None:
+    """List pgrag's revisions, oldest first."""
+    for rev, message in migrate.history():
+        click.echo(f"{rev}  {message.splitlines()[0] if message else ''}")
+
+
+# ---------------------------------------------------------------- status / demo
+
+
+@cli.command("status")
+@click.pass_obj
+def status(state: _State) -> None:
+    """Show the database, its revision, the embedding settings and chunk counts."""
+    from pgrag.db import connect, describe_target
+
+    with connect(state.database_url) as client:
+        st = client.status()
+        click.echo(f"database:   {describe_target(client.url)}")
+        click.echo(f"revision:   {migrate.current(client.url)}")
+        click.echo(f"embedding:  {st.embedding_model or '(no model yet)'}, {st.embedding_dim} d")
+        click.echo(f"chunks:     {st.chunks} ({st.pending} waiting for a vector)")
+        for doc_type, n in sorted(st.doc_types.items()):
+            click.echo(f"  {doc_type}: {n}")
+
+
+@cli.command("demo")
+@click.pass_obj
+def demo(state: _State) -> None:
+    """Start the embedded server (unless a URL is given), migrate, and show the status."""
+    url = state.url()
+    migrate.upgrade(url)
+    click.echo(f"pgrag is ready on {url}")
+    from pgrag.db import connect
+
+    with connect(url) as client:
+        st = client.status()
+        click.echo(f"chunks: {st.chunks}, embedding dimension {st.embedding_dim}")
+
+
+def main() -> None:
+    cli(prog_name="pgrag")
+
+
+if __name__ == "__main__":
+    main()

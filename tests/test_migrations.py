@@ -1,0 +1,299 @@
+"""Migrations as a DBA runs them: up, down, up again; from the wheel; with plain alembic."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import psycopg
+import pytest
+from pgvector.psycopg import register_vector
+
+from pgrag import migrate
+from pgrag.errors import ConfigError, DimensionMismatch, PgragError
+from pgrag.server import bin_dir
+
+from .conftest import REPO
+
+
+def schema_dump(url: str) -> str:
+    out = subprocess.run(
+        [str(bin_dir() / "pg_dump"), "--schema-only", "--no-owner", "--no-privileges", url],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    # pg_dump 17+ prints a random \restrict key per run
+    return "\n".join(
+        ln for ln in out.splitlines() if not ln.startswith(("\\restrict", "\\unrestrict"))
+    )
+
+
+def scalar(url: str, query: str) -> object:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(query.encode()).fetchone()
+        return row[0] if row else None
+
+
+def test_upgrade_downgrade_upgrade_leaves_identical_schema(empty_db_url: str) -> None:
+    before = schema_dump(empty_db_url)
+    migrate.upgrade(empty_db_url)
+    first = schema_dump(empty_db_url)
+    assert "pgrag.chunks" in first
+    migrate.downgrade(empty_db_url, "base")
+    base = schema_dump(empty_db_url)
+    assert "pgrag." not in base
+    assert scalar(empty_db_url, "select count(*) from pg_extension where extname='vector'") == 0
+    # only alembic's (now empty) version table remains of what upgrade made
+    assert base.replace(before, "").count("CREATE TABLE") == 1
+    migrate.upgrade(empty_db_url)
+    assert schema_dump(empty_db_url) == first
+
+
+def test_downgrade_keeps_a_vector_extension_it_did_not_create(empty_db_url: str) -> None:
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        conn.execute("create extension vector")
+    migrate.upgrade(empty_db_url)
+    migrate.downgrade(empty_db_url, "base")
+    assert scalar(empty_db_url, "select count(*) from pg_extension where extname='vector'") == 1
+
+
+def test_chunk_store_shape(db_url: str) -> None:
+    with psycopg.connect(db_url) as conn:
+        cols = dict(
+            conn.execute(
+                "select attname, format_type(atttypid, atttypmod) from pg_attribute "
+                "where attrelid = 'pgrag.chunks'::regclass and attnum > 0 and not attisdropped"
+            ).fetchall()
+        )
+        indexes = {
+            r[0]: r[1]
+            for r in conn.execute(
+                "select indexname, indexdef from pg_indexes where schemaname = 'pgrag'"
+            )
+        }
+    assert cols["embedding"] == "vector(384)"
+    assert cols["content_hash"] == "bytea" and cols["tsv"] == "tsvector"
+    for name in ("id", "doc_type", "source_key", "parent_id", "text", "metadata"):
+        assert name in cols
+    for name in ("embedding_model", "embedded_at", "updated_at"):
+        assert name in cols
+    assert "hnsw (embedding vector_cosine_ops)" in indexes["chunks_embedding_hnsw"]
+    assert "m='16'" in indexes["chunks_embedding_hnsw"]
+    assert "gin (tsv)" in indexes["chunks_tsv_gin"]
+    assert "gin (metadata jsonb_path_ops)" in indexes["chunks_metadata_gin"]
+    assert "WHERE (embedding IS NULL)" in indexes["chunks_pending"]
+
+
+def test_chunk_rows_hash_tsvector_and_cascade(conn: psycopg.Connection) -> None:
+    parent = conn.execute(
+        "insert into pgrag.chunks (doc_type, source_key, text) values ('p', '1', 'Café \\x41')"
+        " returning id, content_hash, tsv::text"
+    ).fetchone()
+    assert parent is not None
+    assert bytes(parent[1]) == hashlib.sha256("Café \\x41".encode()).digest()
+    assert "café" in parent[2]
+    conn.execute(
+        "insert into pgrag.chunks (doc_type, source_key, parent_id, text) "
+        "values ('c', '1', %s, 'x')",
+        (parent[0],),
+    )
+    conn.execute("delete from pgrag.chunks where id = %s", (parent[0],))
+    row = conn.execute("select count(*) from pgrag.chunks where doc_type = 'c'").fetchone()
+    assert row == (0,)
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        conn.execute(
+            "insert into pgrag.chunks (doc_type, source_key, text) values ('p', '2', 'a'), "
+            "('p', '2', 'b')"
+        )
+
+
+def test_dimension_and_hnsw_options_are_chosen_at_migration(empty_db_url: str) -> None:
+    migrate.upgrade(empty_db_url, dimension=768, hnsw_m=24, hnsw_ef_construction=100)
+    assert scalar(empty_db_url, "select embedding_dim from pgrag.settings") == 768
+    typ = scalar(
+        empty_db_url,
+        "select format_type(atttypid, atttypmod) from pg_attribute "
+        "where attrelid = 'pgrag.chunks'::regclass and attname = 'embedding'",
+    )
+    assert typ == "vector(768)"
+    idx = str(
+        scalar(
+            empty_db_url,
+            "select indexdef from pg_indexes where indexname = 'chunks_embedding_hnsw'",
+        )
+    )
+    assert "m='24'" in idx and "ef_construction='100'" in idx
+    with pytest.raises(DimensionMismatch, match="migrated with embedding dimension 768"):
+        migrate.upgrade(empty_db_url, dimension=384)
+    migrate.upgrade(empty_db_url)  # no dimension asked: fine, keeps 768
+    with psycopg.connect(empty_db_url) as conn:
+        with pytest.raises(psycopg.Error) as err:
+            conn.execute("select pgrag.check_dimension(384)")
+        assert err.value.sqlstate == "PR002"
+
+
+def test_wrong_dimension_vector_is_refused(conn: psycopg.Connection) -> None:
+    with pytest.raises(psycopg.errors.DataException, match="expected 384 dimensions"):
+        conn.execute(
+            "insert into pgrag.chunks (doc_type, source_key, text, embedding) "
+            "values ('x', '1', 't', %s)",
+            (np.ones(3, dtype=np.float32),),
+        )
+
+
+def test_hnsw_index_serves_top_k(db_url: str) -> None:
+    rng = np.random.default_rng(7)
+    with psycopg.connect(db_url) as conn:
+        register_vector(conn)
+        with conn.cursor().copy(
+            "copy pgrag.chunks (doc_type, source_key, text, embedding) from stdin"
+        ) as copy:
+            for i in range(3000):
+                copy.write_row(("t", str(i), f"text {i}", rng.standard_normal(384).astype("f4")))
+        conn.commit()
+        conn.execute("analyze pgrag.chunks")
+        plan = "\n".join(
+            r[0]
+            for r in conn.execute(
+                "explain select id from pgrag.chunks order by embedding <=> %s limit 10",
+                (rng.standard_normal(384).astype("f4"),),
+            )
+        )
+    assert "chunks_embedding_hnsw" in plan, plan
+
+
+def test_sql_files_reach_the_server_untouched(empty_db_url: str) -> None:
+    path = Path(__file__).parent / "sql" / "percent_and_colon.sql"
+    with psycopg.connect(empty_db_url) as conn:
+        migrate.run_sql_file(conn, path)
+        rows = conn.execute("select doc::text, label from percent_colon order by id").fetchall()
+    assert rows == [('{"a": 1}', '"my schema"."T"'), ('{"b": ":name"}', "ratio 50%")]
+    # the same file through SQLAlchemy, as alembic runs it
+    from sqlalchemy import create_engine
+
+    engine = create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(empty_db_url))
+    with engine.begin() as sa_conn:
+        sa_conn.exec_driver_sql("drop table percent_colon")
+        migrate.run_sql_file(sa_conn, path)
+    engine.dispose()
+    assert scalar(empty_db_url, "select label from percent_colon where id = 1") == '"my schema"."T"'
+
+
+def test_failed_migration_changes_nothing(empty_db_url: str) -> None:
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        conn.execute("create schema pgrag")  # upgrade's `create schema pgrag` will fail
+    with pytest.raises(PgragError, match="rolled back"):
+        migrate.upgrade(empty_db_url)
+    assert migrate.current(empty_db_url) is None
+    assert scalar(empty_db_url, "select count(*) from pg_extension where extname='vector'") == 0
+
+
+def test_concurrent_upgrades_serialize(empty_db_url: str) -> None:
+    """Three processes migrate one database at once: one migrates, the others wait and no-op."""
+    code = "import sys, pgrag.migrate as m; m.upgrade(sys.argv[1])"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, empty_db_url], stderr=subprocess.PIPE)
+        for _ in range(3)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+    assert migrate.current(empty_db_url) == migrate.head()
+    threads = [threading.Thread(target=migrate.upgrade, args=(empty_db_url,)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+        assert not t.is_alive()
+
+
+def test_unknown_revision_is_a_clear_error(empty_db_url: str) -> None:
+    with pytest.raises(ConfigError, match="db history"):
+        migrate.upgrade(empty_db_url, "9999")
+
+
+def test_plain_alembic_upgrade_and_downgrade(empty_db_url: str) -> None:
+    alembic = str(Path(sys.executable).parent / "alembic")
+    env = {**os.environ, "PGRAG_DATABASE_URL": empty_db_url}
+    for args in (["upgrade", "head"], ["downgrade", "base"], ["upgrade", "head"]):
+        subprocess.run([alembic, *args], cwd=REPO, env=env, check=True, capture_output=True)
+    assert migrate.current(empty_db_url) == migrate.head()
+    dim = subprocess.run(
+        [alembic, "-x", f"url={empty_db_url}", "-x", "dimension=512", "upgrade", "head"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert dim.returncode != 0 and "migrated with embedding dimension 384" in dim.stderr
+
+
+def test_installed_wheel_migrates_without_the_source_tree(
+    empty_db_url: str, tmp_path: Path
+) -> None:
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheels),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = wheels.glob("pgrag_relational-*.whl")
+    site = tmp_path / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "-q",
+            "--target",
+            str(site),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    code = (
+        "import pgrag, pgrag.migrate as m;"
+        f"assert pgrag.__file__.startswith({str(site)!r}), pgrag.__file__;"
+        "assert '_sql' in str(m.sql_dir()) and '_alembic' in str(m.alembic_dir());"
+        "import sys; m.upgrade(sys.argv[1]); print(m.current(sys.argv[1]))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, empty_db_url],
+        cwd=elsewhere,
+        env={**os.environ, "PYTHONPATH": str(site)},
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    assert out.stdout.strip() == migrate.head()
+
+
+def test_frozen_incremental_files_do_not_change() -> None:
+    frozen = REPO / "sql" / "incremental" / "frozen.txt"
+    for line in frozen.read_text().splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        digest, name = line.split()
+        actual = hashlib.sha256((REPO / "sql" / "incremental" / name).read_bytes()).hexdigest()
+        assert actual == digest, f"{name} is frozen (released): add a new incremental file instead"
