@@ -33,12 +33,18 @@ def database_url(explicit: str | None = None) -> str | None:
 def validate_url(url: str) -> None:
     """Refuse a URL libpq cannot parse, naming the cause and the expected form."""
     try:
-        conninfo.conninfo_to_dict(url)
+        params = conninfo.conninfo_to_dict(url)
     except Exception as exc:  # psycopg raises ProgrammingError with libpq's reason
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(
             f"malformed database URL ({reason}): use postgresql://USER:PASSWORD@HOST:PORT/DBNAME"
         ) from exc
+    port = str(params.get("port") or "")
+    if port and not all(part.strip().isdigit() for part in port.split(",")):
+        raise ConfigError(
+            f"malformed database URL (port {port!r} is not a number): "
+            "use postgresql://USER:PASSWORD@HOST:PORT/DBNAME"
+        )
     if "://" not in url and "=" not in url:
         raise ConfigError(
             f"malformed database URL {url!r}: use postgresql://USER:PASSWORD@HOST:PORT/DBNAME"

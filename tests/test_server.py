@@ -1,0 +1,87 @@
+"""The embedded server: cold start, reuse, concurrent starts, and the directories it refuses."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from pgrag.errors import ServerError
+from pgrag.server import EmbeddedServer
+
+
+def test_cold_start_then_reuse(tmp_path: Path) -> None:
+    server = EmbeddedServer(tmp_path / "data")
+    try:
+        url = server.start()
+        pid = server.status().pid
+        assert server.ensure() == url  # warm reuse: same server, no restart
+        assert server.start() == url
+        assert server.status().pid == pid
+        with psycopg.connect(url) as conn:
+            row = conn.execute(
+                "select current_database(), "
+                "(select count(*) from pg_available_extensions where name = 'vector')"
+            ).fetchone()
+        assert row == ("pgrag", 1)
+        st = server.status()
+        assert st.running and st.initialized and st.version == "18"
+    finally:
+        assert server.stop() is True
+    assert server.stop() is False
+    assert not server.status().running
+    # a stopped server starts again on the same data
+    try:
+        server.start()
+    finally:
+        server.stop()
+
+
+def test_two_processes_starting_at_once_share_one_server(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    code = (
+        "import sys, pgrag; from pgrag.server import EmbeddedServer;"
+        "c = pgrag.connect();"
+        "conn = c._pool.getconn(); r = conn.execute('select pg_postmaster_start_time()').fetchone();"
+        "print(EmbeddedServer().status().pid, r[0]); c._pool.putconn(conn); c.close()"
+    )
+    env = {"PGRAG_DATA_DIR": str(data), "PATH": "/usr/bin:/bin"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    try:
+        outs = [p.communicate(timeout=120) for p in procs]
+        for p, (_, err) in zip(procs, outs, strict=True):
+            assert p.returncode == 0, err
+        assert outs[0][0] == outs[1][0]  # same postmaster pid, same start time
+    finally:
+        EmbeddedServer(data).stop()
+
+
+def test_refuses_a_cluster_of_another_version(tmp_path: Path) -> None:
+    data = tmp_path / "old"
+    data.mkdir()
+    (data / "PG_VERSION").write_text("16\n")
+    with pytest.raises(ServerError, match="holds a PostgreSQL 16 cluster.*PGRAG_DATA_DIR"):
+        EmbeddedServer(data).start()
+
+
+def test_refuses_a_non_empty_directory_that_is_no_cluster(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(ServerError, match="not empty and holds no PostgreSQL cluster"):
+        EmbeddedServer(tmp_path).start()
+
+
+def test_refuses_an_unwritable_directory() -> None:
+    with pytest.raises(ServerError, match="cannot be created.*PGRAG_DATA_DIR"):
+        EmbeddedServer(Path("/proc/pgrag-cannot-write-here")).start()
