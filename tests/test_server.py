@@ -45,8 +45,9 @@ def test_two_processes_starting_at_once_share_one_server(tmp_path: Path) -> None
     code = (
         "import sys, pgrag; from pgrag.server import EmbeddedServer;"
         "c = pgrag.connect();"
-        "conn = c._pool.getconn(); r = conn.execute('select pg_postmaster_start_time()').fetchone();"
-        "print(EmbeddedServer().status().pid, r[0]); c._pool.putconn(conn); c.close()"
+        "cm = c.connection(); conn = cm.__enter__();"
+        "r = conn.execute('select pg_postmaster_start_time()').fetchone();"
+        "print(EmbeddedServer().status().pid, r[0]); cm.__exit__(None, None, None); c.close()"
     )
     env = {"PGRAG_DATA_DIR": str(data), "PATH": "/usr/bin:/bin"}
     procs = [
