@@ -26,7 +26,7 @@ from pgrag.errors import (
     MissingExtension,
     NotMigrated,
     PgragError,
-    from_database,
+    mapped_database_errors,
 )
 
 CONNECT_TIMEOUT_S = 5
@@ -139,14 +139,8 @@ class Client:
     @contextlib.contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection; database errors pgrag raised itself become PgragErrors."""
-        with self._pool.connection() as conn:
-            try:
-                yield conn
-            except psycopg.Error as exc:
-                mapped = from_database(exc)
-                if mapped is not None:
-                    raise mapped from exc
-                raise
+        with self._pool.connection() as conn, mapped_database_errors():
+            yield conn
 
     # ---- the store ----
 

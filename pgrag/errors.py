@@ -6,6 +6,9 @@ The CLI prints ``str(error)`` and exits with ``error.exit_code``; it never shows
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import psycopg
 
 
@@ -79,6 +82,18 @@ SQLSTATE_CLASSES: dict[str, type[PgragError]] = {
 }
 
 
+@contextmanager
+def mapped_database_errors() -> Iterator[None]:
+    """Re-raise database errors that pgrag raised itself (its SQLSTATEs) as PgragErrors."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        mapped = from_database(exc)
+        if mapped is not None:
+            raise mapped from exc
+        raise
+
+
 def from_database(exc: psycopg.Error) -> PgragError | None:
     """The PgragError for a database error pgrag raised itself, or None.
 
@@ -97,3 +112,21 @@ def from_database(exc: psycopg.Error) -> PgragError | None:
     error = cls(text)
     error.__cause__ = exc
     return error
+
+
+# ---- embeddings (pgrag/embed, pgrag/worker.py) ----
+
+
+class ModelMismatch(PgragError):
+    """An embedder whose model differs from the one that made this store's vectors."""
+
+    exit_code = 5
+
+
+class EmbeddingFailed(PgragError):
+    """The embedder failed (network, bad response, wrong dimension) after its retries."""
+
+    exit_code = 9
+
+
+SQLSTATE_CLASSES["PR007"] = ModelMismatch

@@ -1,0 +1,172 @@
+"""Declare / drop / rebuild / verify document types.
+
+The logic lives in SQL (``sql/idempotent/10_documents.sql``) so SQL-only users get all of it;
+this module calls those functions, batches the rebuild behind a progress bar, and returns typed
+rows. Database errors pgrag raised itself (SQLSTATE PR003/PR004) come back as DocumentError.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.rows import class_row
+
+from pgrag.errors import PgragError, mapped_database_errors
+
+REBUILD_BATCH = 2000
+
+
+@dataclass(frozen=True)
+class DocType:
+    name: str
+    source: str
+    key_type: str
+    parent_type: str | None
+    metadata_schema: dict[str, str]
+    watches: dict[str, str]
+    chunks: int
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    doc_type: str
+    source_key: str | None
+    problem: str
+
+
+@dataclass(frozen=True)
+class RebuildStats:
+    doc_type: str
+    documents: int
+    changed: int
+    seconds: float
+
+    @property
+    def per_second(self) -> float:
+        return self.documents / self.seconds if self.seconds > 0 else float("inf")
+
+
+def declare(
+    conn: psycopg.Connection[Any],
+    name: str,
+    source: str,
+    watches: Mapping[str, str],
+    *,
+    parent: str | None = None,
+    metadata_schema: Mapping[str, str] | None = None,
+) -> None:
+    """Declare (or replace) a document type; see ``pgrag.declare_document`` in SQL.
+
+    ``source`` is a view or table name, or a SELECT yielding ``source_key``, ``text`` and
+    optionally ``parent_key`` and ``metadata``. ``watches`` maps each feeding table to a query
+    over ``changed`` (that table's changed rows) returning the affected document keys.
+    """
+    with mapped_database_errors(), conn.transaction():
+        conn.execute(
+            "select pgrag.declare_document(%s, %s, %s::jsonb, %s, %s::jsonb)",
+            (
+                name,
+                source,
+                json.dumps(dict(watches)),
+                parent,
+                json.dumps(dict(metadata_schema or {})),
+            ),
+        )
+
+
+def drop(conn: psycopg.Connection[Any], name: str, *, keep_chunks: bool = False) -> int:
+    """Remove a document type, its triggers and (unless keep_chunks) its chunks."""
+    with mapped_database_errors(), conn.transaction():
+        row = conn.execute("select pgrag.drop_document(%s, %s)", (name, keep_chunks)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def list_types(conn: psycopg.Connection[Any]) -> list[DocType]:
+    with conn.cursor(row_factory=class_row(DocType)) as cur:
+        return cur.execute(
+            """
+            select t.name, t.source::text as source, t.key_type, t.parent_type,
+                   t.metadata_schema,
+                   coalesce((select jsonb_object_agg(w.source_table::text, w.key_query)
+                             from pgrag.doc_watches w where w.doc_type = t.name), '{}') as watches,
+                   (select count(*) from pgrag.chunks c where c.doc_type = t.name) as chunks
+            from pgrag.doc_types t
+            order by t.parent_type nulls first, t.name
+            """
+        ).fetchall()
+
+
+def refresh(conn: psycopg.Connection[Any], name: str, keys: Sequence[str] | None = None) -> int:
+    """Render the documents with these source keys (all when None) in the current transaction."""
+    with mapped_database_errors():
+        row = conn.execute(
+            "select pgrag.refresh(%s, %s::text[])", (name, None if keys is None else list(keys))
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _ordered(types: list[DocType], only: str | None) -> list[DocType]:
+    if only is None:
+        return types  # list_types orders parents first
+    chosen = [t for t in types if t.name == only]
+    if not chosen:
+        known = ", ".join(t.name for t in types) or "none"
+        raise PgragError(
+            f"document type {only} is not declared (declared: {known}): "
+            "declare it first, or run `pgrag documents list`"
+        )
+    return chosen
+
+
+def rebuild(
+    conn: psycopg.Connection[Any],
+    name: str | None = None,
+    *,
+    batch_size: int = REBUILD_BATCH,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> list[RebuildStats]:
+    """Re-render every document of one type (or of all, parents first), set-based.
+
+    On an autocommit connection each batch of keys commits on its own, so an interrupted
+    rebuild keeps what it did and a second run finishes the job (inside a transaction, the
+    batches are savepoints of it). Chunks whose source row is gone are deleted at the end.
+    ``progress(doc_type, done, total)`` is called after every batch.
+    """
+    results = []
+    for t in _ordered(list_types(conn), name):
+        started = time.perf_counter()
+        with mapped_database_errors(), conn.transaction():
+            keys = [r[0] for r in conn.execute("select pgrag.document_keys(%s)", (t.name,))]
+        changed = 0
+        if progress:
+            progress(t.name, 0, len(keys))
+        for start in range(0, len(keys), batch_size):
+            batch = keys[start : start + batch_size]
+            with conn.transaction():
+                changed += refresh(conn, t.name, batch)
+            if progress:
+                progress(t.name, min(start + batch_size, len(keys)), len(keys))
+        with conn.transaction():
+            gone = [
+                r[0]
+                for r in conn.execute(
+                    "select source_key from pgrag.chunks where doc_type = %s "
+                    "except select pgrag.document_keys(%s)",
+                    (t.name, t.name),
+                )
+            ]
+            if gone:
+                changed += refresh(conn, t.name, gone)
+        results.append(RebuildStats(t.name, len(keys), changed, time.perf_counter() - started))
+    return results
+
+
+def verify(conn: psycopg.Connection[Any], name: str | None = None) -> list[Mismatch]:
+    """Differences between the declared source views and the stored chunks ([] = in sync)."""
+    with mapped_database_errors(), conn.cursor(row_factory=class_row(Mismatch)) as cur:
+        return cur.execute("select * from pgrag.verify(%s)", (name,)).fetchall()

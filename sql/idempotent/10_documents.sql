@@ -1,0 +1,527 @@
+-- Document types: declare, drop, refresh (render into pgrag.chunks), sync triggers, verify.
+-- Re-applied by every migration that reaches head.
+--
+-- A document type renders from a relation (a view, usually) with one row per document:
+--   source_key (any type; stored as text), parent_key (only for child types), text, metadata jsonb
+-- and watches the tables that feed it: for each, a key query over `changed` (the statement's
+-- old and new rows of that table) yielding the keys of the documents to rebuild.
+--
+-- Key queries run with search_path = pg_catalog, pg_temp: schema-qualify every table in them.
+
+create or replace function pgrag.refresh(doc_type text, keys text[] default null)
+returns bigint
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+#variable_conflict use_variable
+-- Render the documents of `doc_type` whose source_key is in `keys` (all of them when NULL)
+-- into pgrag.chunks, set-based, in the caller's transaction:
+--   new or changed text  → upserted with embedding NULL (the worker re-embeds it), NOTIFY sent
+--   unchanged text       → keeps its vector (metadata and parent link still refreshed)
+--   key no longer in the source → its chunk is deleted (and, through the FK, its children)
+-- Returns the number of chunks inserted, changed or deleted.
+declare
+    t pgrag.doc_types;
+    has_parent_key boolean;
+    has_metadata boolean;
+    n_up bigint;
+    n_pending bigint;
+    n_gone bigint;
+    n_linked bigint := 0;
+begin
+    select * into t from pgrag.doc_types d where d.name = refresh.doc_type;
+    if not found then
+        raise exception using errcode = 'PR003',
+            message = format('document type %s is not declared', refresh.doc_type),
+            hint = 'declare it with pgrag.declare_document(...); `pgrag documents list` shows the declared ones';
+    end if;
+    if keys is not null and cardinality(keys) = 0 then
+        return 0;
+    end if;
+    select bool_or(attname = 'parent_key'), bool_or(attname = 'metadata')
+      into has_parent_key, has_metadata
+      from pg_attribute where attrelid = t.source and attnum > 0 and not attisdropped;
+
+    execute format($sql$
+        with src as materialized (
+            select d.source_key::text as source_key,
+                   %s as parent_key,
+                   d.text::text as text,
+                   %s as metadata
+            from %s as d
+            where $1 is null or d.source_key = any($1::%s[])
+        ),
+        up as (
+            insert into pgrag.chunks as c (doc_type, source_key, parent_key, parent_id, text, metadata)
+            select $2, s.source_key, s.parent_key, p.id, s.text, s.metadata
+            from src s
+            left join pgrag.chunks p on p.doc_type = $3 and p.source_key = s.parent_key
+            on conflict (doc_type, source_key) do update
+            set text = excluded.text,
+                metadata = excluded.metadata,
+                parent_key = excluded.parent_key,
+                parent_id = excluded.parent_id,
+                embedding = case when c.text = excluded.text then c.embedding end,
+                embedding_model = case when c.text = excluded.text then c.embedding_model end,
+                embedded_at = case when c.text = excluded.text then c.embedded_at end,
+                updated_at = now()
+            where (c.text, c.metadata, c.parent_key, c.parent_id)
+                  is distinct from (excluded.text, excluded.metadata, excluded.parent_key, excluded.parent_id)
+            returning c.embedding is null as pending
+        ),
+        gone as (
+            delete from pgrag.chunks c
+            where c.doc_type = $2
+              and ($1 is null or c.source_key = any($1))
+              and not exists (select 1 from src s where s.source_key = c.source_key)
+            returning 1
+        )
+        select (select count(*) from up),
+               (select count(*) from up where pending),
+               (select count(*) from gone)
+        $sql$,
+        case when has_parent_key then 'd.parent_key::text' else 'null::text' end,
+        case when has_metadata then 'coalesce(d.metadata::jsonb, ''{}''::jsonb)' else '''{}''::jsonb' end,
+        t.source, t.key_type)
+    into n_up, n_pending, n_gone
+    using keys, t.name, t.parent_type;
+
+    -- Children rendered before their parent existed find it now.
+    if exists (select 1 from pgrag.doc_types c where c.parent_type = t.name) then
+        update pgrag.chunks ch
+           set parent_id = p.id
+          from pgrag.chunks p
+         where p.doc_type = t.name
+           and (keys is null or p.source_key = any(keys))
+           and ch.doc_type in (select c.name from pgrag.doc_types c where c.parent_type = t.name)
+           and ch.parent_key = p.source_key
+           and ch.parent_id is distinct from p.id;
+        get diagnostics n_linked = row_count;
+    end if;
+
+    if n_pending > 0 then
+        perform pg_notify('pgrag_chunks', t.name);
+    end if;
+    return n_up + n_gone + n_linked;
+end
+$fn$;
+
+comment on function pgrag.refresh(text, text[]) is
+    'Render documents of a type (all, or those with the given source keys) into pgrag.chunks';
+
+
+create or replace function pgrag.sync_trigger()
+returns trigger
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+#variable_conflict use_variable
+-- Statement-level AFTER trigger generated by pgrag.declare_document for every watched table:
+-- maps the statement's changed rows to document keys and rebuilds exactly those documents,
+-- once per statement however many rows it touched. TG_ARGV[0] is the document type.
+-- `set pgrag.sync = off` skips it (bulk loads); run pgrag.refresh(type) afterwards.
+declare
+    doc text := tg_argv[0];
+    kq text;
+    changed text;
+    keys text[];
+begin
+    if current_setting('pgrag.sync', true) = 'off' then
+        return null;
+    end if;
+    if tg_op = 'TRUNCATE' then
+        keys := null;
+    else
+        select w.key_query into kq
+          from pgrag.doc_watches w
+         where w.doc_type = doc and w.source_table = tg_relid;
+        if kq is null then
+            return null;
+        end if;
+        changed := case tg_op
+            when 'INSERT' then 'select * from pgrag_new'
+            when 'DELETE' then 'select * from pgrag_old'
+            else 'select * from pgrag_new union all select * from pgrag_old'
+        end;
+        execute format(
+            'with changed as (%s) select array_agg(distinct q.k::text) from (%s) as q(k) where q.k is not null',
+            changed, kq)
+        into keys;
+        if keys is null then
+            return null;
+        end if;
+    end if;
+    begin
+        perform pgrag.refresh(doc, keys);
+    exception when others then
+        raise exception using
+            errcode = 'PR004',
+            message = format('pgrag could not rebuild %s document(s) %s after %s on %s: %s',
+                             doc,
+                             coalesce(array_to_string(keys[1:5], ', ')
+                                      || case when cardinality(keys) > 5
+                                              then format(' (and %s more)', cardinality(keys) - 5)
+                                              else '' end,
+                                      '(all)'),
+                             tg_op, tg_relid::regclass, sqlerrm),
+            hint = format('fix the document view %s or the data; the statement was rolled back',
+                          (select d.source::text from pgrag.doc_types d where d.name = doc));
+    end;
+    return null;
+end
+$fn$;
+
+
+create or replace function pgrag.drop_sync_triggers(doc_type text, source_table regclass)
+returns void
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+#variable_conflict use_variable
+declare
+    suffix text;
+begin
+    if not exists (select 1 from pg_class where oid = source_table) then
+        return;  -- the table is gone, and its triggers with it
+    end if;
+    foreach suffix in array array['ins', 'upd', 'del', 'trn'] loop
+        execute format('drop trigger if exists %I on %s',
+                       format('pgrag_%s_%s', doc_type, suffix), source_table);
+    end loop;
+end
+$fn$;
+
+
+create or replace function pgrag.create_sync_triggers(doc_type text, source_table regclass)
+returns void
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+#variable_conflict use_variable
+declare
+    prefix text := format('pgrag_%s_', doc_type);
+begin
+    execute format(
+        'create trigger %I after insert on %s referencing new table as pgrag_new'
+        ' for each statement execute function pgrag.sync_trigger(%L)',
+        prefix || 'ins', source_table, doc_type);
+    execute format(
+        'create trigger %I after update on %s referencing old table as pgrag_old new table as pgrag_new'
+        ' for each statement execute function pgrag.sync_trigger(%L)',
+        prefix || 'upd', source_table, doc_type);
+    execute format(
+        'create trigger %I after delete on %s referencing old table as pgrag_old'
+        ' for each statement execute function pgrag.sync_trigger(%L)',
+        prefix || 'del', source_table, doc_type);
+    execute format(
+        'create trigger %I after truncate on %s for each statement execute function pgrag.sync_trigger(%L)',
+        prefix || 'trn', source_table, doc_type);
+end
+$fn$;
+
+
+create or replace function pgrag.drop_document(name text, keep_chunks boolean default false)
+returns bigint
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+#variable_conflict use_variable
+-- Remove a document type: its triggers, the view pgrag made for it, its chunks (unless
+-- keep_chunks) and its registration. Nothing else. Returns the number of chunks removed.
+declare
+    t pgrag.doc_types;
+    w record;
+    children text;
+    n bigint := 0;
+begin
+    select * into t from pgrag.doc_types d where d.name = drop_document.name;
+    if not found then
+        raise exception using errcode = 'PR003',
+            message = format('document type %s is not declared', drop_document.name),
+            hint = '`pgrag documents list` shows the declared types';
+    end if;
+    select string_agg(d.name, ', ') into children from pgrag.doc_types d where d.parent_type = t.name;
+    if children is not null then
+        raise exception using errcode = 'PR003',
+            message = format('document type %s is the parent of %s', t.name, children),
+            hint = 'drop the child types first';
+    end if;
+    for w in select * from pgrag.doc_watches dw where dw.doc_type = t.name loop
+        perform pgrag.drop_sync_triggers(t.name, w.source_table);
+    end loop;
+    if not keep_chunks then
+        delete from pgrag.chunks c where c.doc_type = t.name;
+        get diagnostics n = row_count;
+    end if;
+    delete from pgrag.doc_types d where d.name = t.name;
+    if t.owns_source and exists (select 1 from pg_class where oid = t.source) then
+        execute format('drop view %s', t.source);
+    end if;
+    return n;
+end
+$fn$;
+
+comment on function pgrag.drop_document(text, boolean) is
+    'Remove a document type: its triggers, its generated view, its chunks; nothing else';
+
+
+create or replace function pgrag.declare_document(
+    name text,
+    source text,
+    watches jsonb default '{}'::jsonb,
+    parent_type text default null,
+    metadata_schema jsonb default '{}'::jsonb
+)
+returns void
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+#variable_conflict use_variable
+-- Declare (or re-declare, replacing) a document type.
+--   name             lower-case identifier, e.g. customer_profile
+--   source           a view/table name, or a SELECT (pgrag then creates view pgrag.doc_<name>)
+--                    yielding source_key, [parent_key], text, [metadata jsonb]
+--   watches          {"schema.table": "select <key> from changed [join ...]", ...}
+--   parent_type      the declared type whose chunks are these chunks' parents (by parent_key)
+--   metadata_schema  {"key": "text|integer|numeric|boolean|date|text[]|integer[]", ...}
+-- Everything is checked before anything is created; the whole declaration is one transaction.
+-- Chunks are not rendered here: call pgrag.refresh(name) (or `pgrag rebuild name`).
+declare
+    src regclass;
+    owns boolean := false;
+    view_name text := format('doc_%s', declare_document.name);
+    cols jsonb;
+    ktype text;
+    w record;
+    tbl regclass;
+    dup text;
+    old pgrag.doc_types;
+    bad text;
+begin
+    -- the name and the parent
+    if declare_document.name is null or declare_document.name !~ '^[a-z][a-z0-9_]{0,39}$' then
+        raise exception using errcode = 'PR003',
+            message = format('invalid document type name %L', declare_document.name),
+            hint = 'use a lower-case identifier of at most 40 characters, e.g. customer_profile';
+    end if;
+    if parent_type is not null and not exists (
+        select 1 from pgrag.doc_types d where d.name = parent_type and d.name <> declare_document.name
+    ) then
+        raise exception using errcode = 'PR003',
+            message = format('parent type %s of %s does not exist', parent_type, declare_document.name),
+            hint = 'declare the parent type first (`pgrag documents list` shows the declared ones)';
+    end if;
+    if jsonb_typeof(watches) is distinct from 'object' then
+        raise exception using errcode = 'PR003',
+            message = format('watches of %s must be a JSON object {"schema.table": "key query"}', declare_document.name),
+            hint = 'e.g. {"shop.orders": "select customer_id from changed"}';
+    end if;
+    if jsonb_typeof(metadata_schema) is distinct from 'object' then
+        raise exception using errcode = 'PR003',
+            message = format('metadata_schema of %s must be a JSON object {"key": "type"}', declare_document.name),
+            hint = 'types: text, integer, numeric, boolean, date, text[], integer[]';
+    end if;
+    select string_agg(format('%s: %s', key, value), ', ') into bad
+      from jsonb_each(metadata_schema)
+     where value not in ('"text"', '"integer"', '"numeric"', '"boolean"', '"date"', '"text[]"', '"integer[]"');
+    if bad is not null then
+        raise exception using errcode = 'PR003',
+            message = format('metadata_schema of %s has unknown types (%s)', declare_document.name, bad),
+            hint = 'types: text, integer, numeric, boolean, date, text[], integer[]';
+    end if;
+
+    -- replacing: remove the old triggers and generated view first (same transaction)
+    select * into old from pgrag.doc_types d where d.name = declare_document.name;
+    if found then
+        for w in select * from pgrag.doc_watches dw where dw.doc_type = old.name loop
+            perform pgrag.drop_sync_triggers(old.name, w.source_table);
+        end loop;
+        delete from pgrag.doc_watches dw where dw.doc_type = old.name;
+        if old.owns_source and exists (select 1 from pg_class where oid = old.source) then
+            execute format('drop view %s', old.source);
+        end if;
+    end if;
+
+    -- the source: a relation, or a query pgrag turns into a view
+    if source ~* '^\s*(select|with|values|table)\s' then
+        begin
+            execute format('create view pgrag.%I as %s', view_name, source);
+        exception when others then
+            raise exception using errcode = 'PR003',
+                message = format('the source query of %s does not compile: %s', declare_document.name, sqlerrm),
+                hint = 'schema-qualify every table; the query must yield source_key, text[, parent_key][, metadata]';
+        end;
+        src := format('pgrag.%I', view_name)::regclass;
+        owns := true;
+    else
+        src := to_regclass(source);
+        if src is null then
+            raise exception using errcode = 'PR003',
+                message = format('the source %s of %s is neither an existing view or table nor a SELECT',
+                                 source, declare_document.name),
+                hint = 'create the view first, schema-qualify its name, or pass the SELECT itself';
+        end if;
+    end if;
+
+    select jsonb_object_agg(attname, format_type(atttypid, atttypmod)) into cols
+      from pg_attribute where attrelid = src and attnum > 0 and not attisdropped;
+    if not (cols ? 'source_key' and cols ? 'text') then
+        raise exception using errcode = 'PR003',
+            message = format('the source of %s lacks required column(s) %s (it has %s)',
+                             declare_document.name,
+                             array_to_string(array_remove(array[
+                                 case when not cols ? 'source_key' then 'source_key' end,
+                                 case when not cols ? 'text' then 'text' end], null), ', '),
+                             (select string_agg(k, ', ') from jsonb_object_keys(cols) k)),
+            hint = 'alias the columns: ... as source_key, ... as text[, ... as parent_key][, ... as metadata]';
+    end if;
+    if parent_type is not null and not cols ? 'parent_key' then
+        raise exception using errcode = 'PR003',
+            message = format('%s names parent type %s but its source has no parent_key column',
+                             declare_document.name, parent_type),
+            hint = 'add the parent''s source key as parent_key';
+    end if;
+    if cols ? 'metadata' and cols->>'metadata' <> 'jsonb' then
+        raise exception using errcode = 'PR003',
+            message = format('the metadata column of %s is %s, not jsonb', declare_document.name, cols->>'metadata'),
+            hint = 'build it with jsonb_build_object(...)';
+    end if;
+    ktype := cols->>'source_key';
+
+    -- duplicate keys would make two documents fight over one chunk
+    execute format('select d.source_key::text from %s d group by 1 having count(*) > 1 limit 1', src)
+       into dup;
+    if dup is not null then
+        raise exception using errcode = 'PR003',
+            message = format('the source of %s yields source_key %s more than once', declare_document.name, dup),
+            hint = 'one row per document: group by the key, or aggregate the rows of each key';
+    end if;
+
+    insert into pgrag.doc_types as d (name, source, owns_source, key_type, parent_type, metadata_schema)
+    values (declare_document.name, src, owns, ktype, parent_type, metadata_schema)
+    on conflict on constraint doc_types_pkey do update
+    set source = excluded.source, owns_source = excluded.owns_source, key_type = excluded.key_type,
+        parent_type = excluded.parent_type, metadata_schema = excluded.metadata_schema,
+        updated_at = now();
+
+    -- the watched tables: each must exist and its key query must compile against it
+    for w in select key as tbl_name, value as kq from jsonb_each(watches) loop
+        tbl := to_regclass(w.tbl_name);
+        if tbl is null or not exists (
+            select 1 from pg_class where oid = tbl and relkind in ('r', 'p')
+        ) then
+            raise exception using errcode = 'PR003',
+                message = format('%s watches %s, which is not an existing table', declare_document.name, w.tbl_name),
+                hint = 'schema-qualify the table name, e.g. shop.orders';
+        end if;
+        if jsonb_typeof(w.kq) <> 'string' then
+            raise exception using errcode = 'PR003',
+                message = format('the key query of %s for %s must be a string', declare_document.name, w.tbl_name),
+                hint = 'e.g. "select customer_id from changed"';
+        end if;
+        begin
+            execute format(
+                'with changed as (select * from %s limit 0) select array_agg(q.k::text) from (%s) as q(k)',
+                tbl, w.kq #>> '{}');
+        exception when others then
+            raise exception using errcode = 'PR003',
+                message = format('the key query of %s for %s does not compile: %s',
+                                 declare_document.name, w.tbl_name, sqlerrm),
+                hint = 'select the document keys from `changed` (the changed rows); schema-qualify other tables';
+        end;
+        insert into pgrag.doc_watches (doc_type, source_table, key_query)
+        values (declare_document.name, tbl, w.kq #>> '{}');
+        perform pgrag.create_sync_triggers(declare_document.name, tbl);
+    end loop;
+end
+$fn$;
+
+comment on function pgrag.declare_document(text, text, jsonb, text, jsonb) is
+    'Declare or replace a document type: its source view, watched tables and key queries, parent type';
+
+
+create or replace function pgrag.document_keys(doc_type text)
+returns setof text
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+#variable_conflict use_variable
+-- Every source key a document type renders, in key order (for batched rebuilds).
+declare
+    src regclass;
+begin
+    select d.source into src from pgrag.doc_types d where d.name = document_keys.doc_type;
+    if src is null then
+        raise exception using errcode = 'PR003',
+            message = format('document type %s is not declared', document_keys.doc_type),
+            hint = '`pgrag documents list` shows the declared types';
+    end if;
+    return query execute format('select d.source_key::text from %s d order by d.source_key', src);
+end
+$fn$;
+
+
+create or replace function pgrag.verify(only_type text default null)
+returns table (doc_type text, source_key text, problem text)
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+#variable_conflict use_variable
+-- Compare every declared source view with the stored chunks. No rows means all is in sync.
+-- problem: missing (in the view, no chunk), extra (a chunk the view no longer yields),
+-- stale text, stale metadata, wrong parent.
+declare
+    t pgrag.doc_types;
+    has_parent_key boolean;
+    has_metadata boolean;
+begin
+    for t in select * from pgrag.doc_types d
+              where only_type is null or d.name = only_type
+              order by d.parent_type nulls first, d.name loop
+        if not exists (select 1 from pg_class where oid = t.source) then
+            return query select t.name, null::text, 'source view is gone: re-declare the type';
+            continue;
+        end if;
+        select bool_or(attname = 'parent_key'), bool_or(attname = 'metadata')
+          into has_parent_key, has_metadata
+          from pg_attribute where attrelid = t.source and attnum > 0 and not attisdropped;
+        return query execute format($sql$
+            with src as (
+                select d.source_key::text as source_key, %s as parent_key,
+                       d.text::text as text, %s as metadata
+                from %s d
+            ),
+            ch as (
+                select c.source_key, c.parent_key, c.text, c.metadata, p.source_key as linked_key
+                from pgrag.chunks c
+                left join pgrag.chunks p on p.id = c.parent_id
+                where c.doc_type = $1
+            )
+            select $1, coalesce(s.source_key, ch.source_key),
+                   case when ch.source_key is null then 'missing'
+                        when s.source_key is null then 'extra'
+                        when s.text is distinct from ch.text then 'stale text'
+                        when s.metadata is distinct from ch.metadata then 'stale metadata'
+                        when s.parent_key is distinct from ch.parent_key
+                          or ($2 is not null and ch.linked_key is distinct from ch.parent_key)
+                          then 'wrong parent'
+                   end
+            from src s
+            full join ch on ch.source_key = s.source_key
+            where ch.source_key is null or s.source_key is null
+               or s.text is distinct from ch.text
+               or s.metadata is distinct from ch.metadata
+               or s.parent_key is distinct from ch.parent_key
+               or ($2 is not null and ch.linked_key is distinct from ch.parent_key)
+            order by 2
+            $sql$,
+            case when has_parent_key then 'd.parent_key::text' else 'null::text' end,
+            case when has_metadata then 'coalesce(d.metadata::jsonb, ''{}''::jsonb)' else '''{}''::jsonb' end,
+            t.source)
+        using t.name, t.parent_type;
+    end loop;
+end
+$fn$;
+
+comment on function pgrag.verify(text) is
+    'Differences between the declared source views and the stored chunks (none = in sync)';

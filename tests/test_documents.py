@@ -1,0 +1,336 @@
+"""Relationship-preserving documents: declared in SQL, kept true by triggers at every statement."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgrag import documents
+from pgrag.errors import DocumentError, mapped_database_errors
+
+from .shop_fixture import load_tiny_shop
+
+
+def chunk(conn: psycopg.Connection[Any], doc_type: str, key: str) -> dict[str, Any] | None:
+    row = conn.execute(
+        "select id, text, metadata, parent_id, embedding is null, updated_at from pgrag.chunks "
+        "where doc_type = %s and source_key = %s",
+        (doc_type, key),
+    ).fetchone()
+    if row is None:
+        return None
+    return dict(
+        zip(["id", "text", "metadata", "parent_id", "pending", "updated_at"], row, strict=True)
+    )
+
+
+def set_vector(conn: psycopg.Connection[Any], doc_type: str, key: str) -> None:
+    conn.execute(
+        "update pgrag.chunks set embedding = array_fill(0.1, array[384])::vector, "
+        "embedding_model = 'm', embedded_at = now() where doc_type = %s and source_key = %s",
+        (doc_type, key),
+    )
+
+
+@pytest.fixture
+def shop(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    load_tiny_shop(conn)
+    return conn
+
+
+def test_customer_profile_keeps_relationships(shop: psycopg.Connection[Any]) -> None:
+    p = chunk(shop, "customer_profile", "1")
+    assert p is not None
+    text = p["text"]
+    first = text.splitlines()[0]
+    assert first == (
+        "Customer John Smith (customer id 1) is a VIP customer, registered in 2022, "
+        "based in Boston, USA."
+    )
+    assert "3 orders, total spent $240.00, last order 2024-02-02." in text
+    assert "Buys Books, Electronics." in text
+    assert "2 returned items: Wireless Mouse (completed, order 10), " in text
+    assert "Bluetooth Headphones (requested, order 12)" in text
+    # most recent first, capped at 2, then the rest counted
+    assert "- Order 12 on 2024-02-02 (delivered, $75.00)" in text
+    assert "- Order 11 on 2024-01-20 (shipped, $80.00)" in text
+    assert "Order 10 on" not in text
+    assert text.endswith("... and 1 more orders.")
+    m = p["metadata"]
+    assert m["customer_id"] == 1 and m["segment"] == "VIP" and m["registration_year"] == 2022
+    assert m["order_ids"] == [10, 11, 12] and m["categories"] == ["Books", "Electronics"]
+    assert m["has_returns"] is True and m["return_count"] == 2
+    assert m["total_orders"] == 3 and float(m["total_spent"]) == 240.0
+    assert m["last_order_date"] == "2024-02-02"
+    assert p["pending"] is True
+
+
+def test_order_detail_is_a_child_with_customer_context(shop: psycopg.Connection[Any]) -> None:
+    o = chunk(shop, "order_detail", "11")
+    parent = chunk(shop, "customer_profile", "1")
+    assert o is not None and parent is not None
+    assert o["parent_id"] == parent["id"]
+    assert o["text"].splitlines() == [
+        "Order 11 by John Smith (customer id 1, VIP customer) on 2024-01-20: status shipped, "
+        "total $80.00.",
+        "Items: Bluetooth Headphones x1 at $80.00.",
+        "This is order 2 of 3 for John Smith; cumulative spend $165.00.",
+    ]
+    assert o["metadata"] == {
+        "order_id": 11,
+        "customer_id": 1,
+        "customer_name": "John Smith",
+        "segment": "VIP",
+        "order_date": "2024-01-20",
+        "status": "shipped",
+        "total": 80.0,
+        "categories": ["Electronics"],
+        "has_return": False,
+    }
+    assert documents.verify(shop) == []
+
+
+def test_metadata_types_compare_correctly(shop: psycopg.Connection[Any]) -> None:
+    rows = shop.execute(
+        "select source_key from pgrag.chunks where doc_type = 'customer_profile' "
+        "and (metadata->>'total_spent')::numeric > 100 "
+        "and (metadata->>'last_order_date')::date >= date '2024-01-01' "
+        'and metadata @> \'{"categories": ["Electronics"]}\''
+    ).fetchall()
+    assert rows == [("1",)]
+
+
+def test_item_update_rebuilds_its_order_and_customer_in_the_same_statement(
+    shop: psycopg.Connection[Any],
+) -> None:
+    for key in ("1", "2"):
+        set_vector(shop, "customer_profile", key)
+    for key in ("10", "11", "12", "20"):
+        set_vector(shop, "order_detail", key)
+    shop.execute("update shop.order_items set quantity = 3 where order_item_id = 102")
+    p1 = chunk(shop, "customer_profile", "1")
+    assert p1 is not None and "total spent $400.00" in p1["text"] and p1["pending"]
+    o11 = chunk(shop, "order_detail", "11")
+    assert o11 is not None and "Bluetooth Headphones x3" in o11["text"] and o11["pending"]
+    o12 = chunk(shop, "order_detail", "12")  # "cumulative spend" of the later order changed
+    assert o12 is not None and o12["pending"]
+    o10 = chunk(shop, "order_detail", "10")  # an earlier order's text did not change
+    assert o10 is not None and not o10["pending"]
+    other = chunk(shop, "customer_profile", "2")  # another customer: untouched, keeps its vector
+    assert other is not None and not other["pending"]
+    assert documents.verify(shop) == []
+
+
+def test_unchanged_text_keeps_its_vector(shop: psycopg.Connection[Any]) -> None:
+    set_vector(shop, "customer_profile", "2")
+    shop.execute("update shop.customers set email = 'new@example.com' where customer_id = 2")
+    p = chunk(shop, "customer_profile", "2")
+    assert p is not None and not p["pending"]
+
+
+def test_moved_order_rebuilds_old_and_new_customer(shop: psycopg.Connection[Any]) -> None:
+    shop.execute("update shop.orders set customer_id = 2 where order_id = 12")
+    p1, p2 = chunk(shop, "customer_profile", "1"), chunk(shop, "customer_profile", "2")
+    assert p1 is not None and p2 is not None
+    assert "2 orders" in p1["text"] and p1["metadata"]["order_ids"] == [10, 11]
+    assert "2 orders" in p2["text"] and p2["metadata"]["order_ids"] == [12, 20]
+    o12 = chunk(shop, "order_detail", "12")
+    assert o12 is not None and o12["parent_id"] == p2["id"] and "by Ana Lima" in o12["text"]
+    assert documents.verify(shop) == []
+
+
+def test_inserts_and_deletes(shop: psycopg.Connection[Any]) -> None:
+    shop.execute(
+        "insert into shop.customers values (4, 'Zoe Park', 'z@e.com', 'New', '2024-09-09', "
+        "'Seoul', 'Korea')"
+    )
+    shop.execute("insert into shop.orders values (40, 4, '2024-10-01', 'pending')")
+    shop.execute("insert into shop.order_items values (400, 40, 1, 2, 25.00, 'none')")
+    p4 = chunk(shop, "customer_profile", "4")
+    o40 = chunk(shop, "order_detail", "40")
+    assert p4 is not None and o40 is not None and o40["parent_id"] == p4["id"]
+    assert "1 orders, total spent $50.00" in p4["text"]
+    shop.execute("delete from shop.customers where customer_id = 1")  # cascades to its orders
+    assert chunk(shop, "customer_profile", "1") is None
+    assert chunk(shop, "order_detail", "10") is None
+    assert documents.verify(shop) == []
+
+
+def test_truncate_and_multi_row_statements(shop: psycopg.Connection[Any]) -> None:
+    shop.execute("update shop.order_items set return_status = 'none'")  # five rows, one statement
+    p1 = chunk(shop, "customer_profile", "1")
+    assert p1 is not None and "No returns." in p1["text"]
+    shop.execute("truncate shop.order_items")
+    assert documents.verify(shop) == []
+    o10 = chunk(shop, "order_detail", "10")
+    assert o10 is not None and "Items: no items." in o10["text"]
+
+
+def test_product_rename_reaches_every_document_that_mentions_it(
+    shop: psycopg.Connection[Any],
+) -> None:
+    shop.execute("update shop.products set name = 'Ergonomic Mouse' where product_id = 1")
+    p1 = chunk(shop, "customer_profile", "1")
+    assert p1 is not None and "Ergonomic Mouse (completed, order 10)" in p1["text"]
+    assert documents.verify(shop) == []
+
+
+def test_notify_is_sent_when_text_changes(shop_committed: str) -> None:
+    with (
+        psycopg.connect(shop_committed, autocommit=True) as listener,
+        psycopg.connect(shop_committed, autocommit=True) as writer,
+    ):
+        listener.execute("listen pgrag_chunks")
+        writer.execute("update shop.order_items set quantity = 5 where order_item_id = 200")
+        got = {n.payload for n in listener.notifies(timeout=2, stop_after=2)}
+        assert got == {"customer_profile", "order_detail"}
+        writer.execute("update shop.customers set email = 'x@y.z' where customer_id = 2")
+        assert list(listener.notifies(timeout=0.5)) == []  # text unchanged: no wake-up
+
+
+@pytest.fixture
+def shop_committed(db_url: str) -> str:
+    with psycopg.connect(db_url) as conn:
+        load_tiny_shop(conn)
+    return db_url
+
+
+def test_rebuild_and_verify_find_and_fix_drift(shop: psycopg.Connection[Any]) -> None:
+    shop.execute("set pgrag.sync = off")
+    shop.execute("update shop.customers set name = 'Johnny Smith' where customer_id = 1")
+    shop.execute("reset pgrag.sync")
+    shop.execute("delete from pgrag.chunks where doc_type = 'order_detail' and source_key = '20'")
+    shop.execute(
+        "insert into pgrag.chunks (doc_type, source_key, text) values ('order_detail', '999', 'x')"
+    )
+    problems = {(m.doc_type, m.source_key, m.problem) for m in documents.verify(shop)}
+    assert ("customer_profile", "1", "stale text") in problems
+    assert ("order_detail", "20", "missing") in problems
+    assert ("order_detail", "999", "extra") in problems
+    assert ("order_detail", "10", "stale text") in problems
+    seen: list[tuple[str, int, int]] = []
+    stats = documents.rebuild(shop, batch_size=2, progress=lambda *a: seen.append(a))
+    assert [s.doc_type for s in stats] == ["customer_profile", "order_detail"]
+    assert stats[1].documents == 4
+    assert ("order_detail", 4, 4) in seen
+    assert documents.verify(shop) == []
+
+
+def test_list_and_drop_remove_only_their_own(shop: psycopg.Connection[Any]) -> None:
+    types = {t.name: t for t in documents.list_types(shop)}
+    assert types["order_detail"].parent_type == "customer_profile"
+    assert types["customer_profile"].key_type == "integer"
+    assert "shop.order_items" in types["customer_profile"].watches
+    with pytest.raises(DocumentError, match="parent of order_detail"):
+        documents.drop(shop, "customer_profile")
+    assert documents.drop(shop, "order_detail") == 4
+    triggers = shop.execute(
+        "select count(*) from pg_trigger where tgname like 'pgrag_order_detail_%'"
+    ).fetchone()
+    assert triggers == (0,)
+    assert shop.execute("select count(*) from shop.orders").fetchone() == (4,)
+    assert chunk(shop, "customer_profile", "1") is not None
+    shop.execute("update shop.orders set status = 'delivered' where order_id = 11")  # no error
+
+
+def test_a_query_source_gets_its_own_view_and_redeclare_replaces(
+    shop: psycopg.Connection[Any],
+) -> None:
+    documents.declare(
+        shop,
+        "product_card",
+        "select product_id as source_key, name || ' is in ' || category as text, "
+        "jsonb_build_object('category', category) as metadata from shop.products",
+        {"shop.products": "select product_id from changed"},
+        metadata_schema={"category": "text"},
+    )
+    documents.refresh(shop, "product_card")
+    assert chunk(shop, "product_card", "3") is not None
+    documents.declare(
+        shop,
+        "product_card",
+        "select product_id as source_key, upper(name) as text from shop.products",
+        {"shop.products": "select product_id from changed"},
+    )
+    shop.execute("update shop.products set price = 31 where product_id = 3")
+    c = chunk(shop, "product_card", "3")
+    assert c is not None and c["text"] == "COOKBOOK"
+    assert documents.drop(shop, "product_card") == 3
+    assert shop.execute("select to_regclass('pgrag.doc_product_card')").fetchone() == (None,)
+
+
+BAD_DECLARATIONS = [
+    (dict(source="select 1 as source_key"), "lacks required column(s) text"),
+    (dict(source="shop.no_such_view"), "neither an existing view or table nor a SELECT"),
+    (
+        dict(source="select customer_id as source_key, name as text from shop.nope"),
+        "does not compile",
+    ),
+    (
+        dict(source="select 1 as source_key, name as text from shop.customers"),
+        "yields source_key 1 more than once",
+    ),
+    (dict(watches={"shop.missing": "select 1 from changed"}), "not an existing table"),
+    (dict(watches={"shop.orders": "select no_such_column from changed"}), "does not compile"),
+    (dict(parent="no_such_type"), "parent type no_such_type of card does not exist"),
+    (dict(parent="customer_profile"), "has no parent_key column"),
+    (dict(metadata_schema={"x": "float"}), "unknown types"),
+    (dict(name="Bad Name"), "invalid document type name"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), BAD_DECLARATIONS)
+def test_bad_declarations_fail_before_anything_is_created(
+    shop: psycopg.Connection[Any], change: dict[str, Any], message: str
+) -> None:
+    args: dict[str, Any] = {
+        "name": "card",
+        "source": "select customer_id as source_key, name as text from shop.customers",
+        "watches": {"shop.customers": "select customer_id from changed"},
+        "parent": None,
+        "metadata_schema": None,
+    }
+    args.update(change)
+    before = shop.execute(
+        "select (select count(*) from pg_trigger where tgname like 'pgrag_%'), "
+        "(select count(*) from pgrag.doc_types), (select count(*) from pg_class "
+        "where relname like 'doc_%')"
+    ).fetchone()
+    with pytest.raises(DocumentError, match=re.escape(message)):
+        documents.declare(
+            shop,
+            args["name"],
+            args["source"],
+            args["watches"],
+            parent=args["parent"],
+            metadata_schema=args["metadata_schema"],
+        )
+    after = shop.execute(
+        "select (select count(*) from pg_trigger where tgname like 'pgrag_%'), "
+        "(select count(*) from pgrag.doc_types), (select count(*) from pg_class "
+        "where relname like 'doc_%')"
+    ).fetchone()
+    assert before == after
+
+
+def test_failing_render_aborts_the_statement_naming_type_and_key(
+    shop: psycopg.Connection[Any],
+) -> None:
+    documents.declare(
+        shop,
+        "fragile",
+        "select customer_id as source_key, (100 / (length(city) - 6))::text as text "
+        "from shop.customers where city is not null",
+        {"shop.customers": "select customer_id from changed"},
+    )
+    with pytest.raises(DocumentError) as err, mapped_database_errors(), shop.transaction():
+        shop.execute("update shop.customers set city = 'Madrid' where customer_id = 2")
+    assert err.value.__cause__.sqlstate == "PR004"  # type: ignore[union-attr]
+    assert "fragile document(s) 2" in str(err.value) and "division by zero" in str(err.value)
+    row = shop.execute("select city from shop.customers where customer_id = 2").fetchone()
+    assert row == ("Lisbon",)
+    assert json.dumps(documents.list_types(shop)[0].metadata_schema)  # still readable
