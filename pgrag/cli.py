@@ -212,6 +212,170 @@ def db_history() -> None:
         click.echo(f"{rev}  {message.splitlines()[0] if message else ''}")
 
 
+# ---------------------------------------------------------------- documents
+
+
+@cli.group(cls=_Group, context_settings=CONTEXT_SETTINGS)
+def documents() -> None:
+    """Declare, list and drop document types (relationship-preserving chunks)."""
+
+
+def _parse_watch(value: str) -> tuple[str, str]:
+    table, sep, query = value.partition("=")
+    if not sep or not table.strip() or not query.strip():
+        raise click.BadParameter(
+            f"{value!r}: use TABLE=KEY_QUERY, e.g. 'shop.orders=select customer_id from changed'"
+        )
+    return table.strip(), query.strip()
+
+
+@documents.command("declare")
+@click.argument("name")
+@click.option(
+    "--source",
+    required=True,
+    help="A view or table (schema-qualified), or a SELECT yielding source_key, text "
+    "[, parent_key][, metadata].",
+)
+@click.option(
+    "--watch",
+    "watches",
+    multiple=True,
+    metavar="TABLE=KEY_QUERY",
+    help="A table that feeds the documents and a query over `changed` (its changed rows) "
+    "returning the keys to rebuild. Repeat for every table.",
+)
+@click.option("--parent", help="The parent document type (its source_key = this parent_key).")
+@click.option(
+    "--metadata-schema",
+    metavar="JSON",
+    help='Metadata keys and types, e.g. \'{"segment": "text", "total": "numeric"}\'.',
+)
+@click.option("--rebuild/--no-rebuild", default=True, help="Render the documents now (default).")
+@click.pass_obj
+def documents_declare(
+    state: _State,
+    name: str,
+    source: str,
+    watches: tuple[str, ...],
+    parent: str | None,
+    metadata_schema: str | None,
+    rebuild: bool,
+) -> None:
+    """Declare (or replace) document type NAME, generating its sync triggers."""
+    import json
+
+    from pgrag.db import connect
+
+    try:
+        schema = json.loads(metadata_schema) if metadata_schema else None
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"--metadata-schema is not JSON ({exc})") from None
+    watch_map = dict(_parse_watch(w) for w in watches)
+    with connect(state.database_url) as client:
+        client.require_schema()
+        client.declare_document(name, source, watch_map, parent=parent, metadata_schema=schema)
+        click.echo(f"declared {name} (watching {', '.join(watch_map) or 'no tables'})")
+        if rebuild:
+            _print_rebuild(client.rebuild(name, progress=_progress()))
+
+
+@documents.command("drop")
+@click.argument("name")
+@click.option("--keep-chunks", is_flag=True, help="Keep the type's chunks in pgrag.chunks.")
+@click.pass_obj
+def documents_drop(state: _State, name: str, keep_chunks: bool) -> None:
+    """Drop document type NAME: its triggers, generated view and chunks; nothing else."""
+    from pgrag.db import connect
+
+    with connect(state.database_url) as client:
+        client.require_schema()
+        n = client.drop_document(name, keep_chunks=keep_chunks)
+        click.echo(f"dropped {name} ({n} chunks removed)")
+
+
+@documents.command("list")
+@click.pass_obj
+def documents_list(state: _State) -> None:
+    """List the declared document types, their sources, parents, watched tables and chunks."""
+    from pgrag.db import connect
+
+    with connect(state.database_url) as client:
+        client.require_schema()
+        types = client.document_types()
+    if not types:
+        click.echo("no document types declared (see `pgrag documents declare --help`)")
+    for t in types:
+        parent = f", child of {t.parent_type}" if t.parent_type else ""
+        click.echo(f"{t.name}: {t.chunks} chunks from {t.source} (key {t.key_type}{parent})")
+        for table in sorted(t.watches):
+            click.echo(f"  watches {table}")
+
+
+def _progress() -> Any:
+    """A tqdm bar per document type, fed by documents.rebuild's progress callback."""
+    from tqdm import tqdm
+
+    bars: dict[str, Any] = {}
+
+    def update(doc_type: str, done: int, total: int) -> None:
+        bar = bars.get(doc_type)
+        if bar is None:
+            bar = bars[doc_type] = tqdm(
+                total=total, desc=doc_type, unit="doc", disable=None, leave=True
+            )
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
+
+    return update
+
+
+def _print_rebuild(stats: Any) -> None:
+    for s in stats:
+        click.echo(
+            f"{s.doc_type}: {s.documents} documents, {s.changed} chunks written, "
+            f"{s.seconds:.1f} s ({s.per_second:,.0f} docs/s)"
+        )
+
+
+@cli.command("rebuild")
+@click.argument("doc_type", required=False)
+@click.pass_obj
+def rebuild(state: _State, doc_type: str | None) -> None:
+    """Re-render every document of DOC_TYPE (default: all types), set-based, with progress.
+
+    For the first load and after a definition change; unchanged text keeps its vector.
+    """
+    from pgrag.db import connect
+
+    with connect(state.database_url) as client:
+        client.require_schema()
+        _print_rebuild(client.rebuild(doc_type, progress=_progress()))
+
+
+@cli.command("verify")
+@click.argument("doc_type", required=False)
+@click.option("--limit", default=20, show_default=True, help="Mismatches to print.")
+@click.pass_obj
+def verify(state: _State, doc_type: str | None, limit: int) -> None:
+    """Compare the declared document views with the stored chunks; exit 1 on any mismatch."""
+    from pgrag.db import connect
+
+    with connect(state.database_url) as client:
+        client.require_schema()
+        problems = client.verify(doc_type)
+    if not problems:
+        click.echo("all chunks match their source views")
+        return
+    for p in problems[:limit]:
+        click.echo(f"{p.doc_type} {p.source_key}: {p.problem}")
+    if len(problems) > limit:
+        click.echo(f"... and {len(problems) - limit} more")
+    click.echo(f"{len(problems)} mismatches: run `pgrag rebuild` to fix them", err=True)
+    sys.exit(1)
+
+
 # ---------------------------------------------------------------- status / demo
 
 

@@ -8,7 +8,7 @@ every connection has the pgvector types registered.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -19,7 +19,7 @@ from psycopg.rows import class_row
 from psycopg.types import TypeInfo
 from psycopg_pool import ConnectionPool
 
-from pgrag import config
+from pgrag import config, documents
 from pgrag.errors import (
     ConnectionFailed,
     DimensionMismatch,
@@ -175,6 +175,49 @@ class Client:
         from pgrag import migrate
 
         migrate.require_head(self.url)
+
+    # ---- document types (pgrag/documents.py) ----
+
+    def declare_document(
+        self,
+        name: str,
+        source: str,
+        watches: Mapping[str, str],
+        *,
+        parent: str | None = None,
+        metadata_schema: Mapping[str, str] | None = None,
+    ) -> None:
+        """Declare or replace a document type (see ``pgrag.documents.declare``)."""
+        with self.connection() as conn:
+            documents.declare(
+                conn, name, source, watches, parent=parent, metadata_schema=metadata_schema
+            )
+
+    def drop_document(self, name: str, *, keep_chunks: bool = False) -> int:
+        with self.connection() as conn:
+            return documents.drop(conn, name, keep_chunks=keep_chunks)
+
+    def document_types(self) -> list[documents.DocType]:
+        with self.connection() as conn:
+            return documents.list_types(conn)
+
+    def rebuild(
+        self,
+        name: str | None = None,
+        *,
+        progress: Callable[[str, int, int], None] | None = None,
+    ) -> list[documents.RebuildStats]:
+        """Re-render one document type or all; each batch commits on its own."""
+        with self.connection() as conn:
+            conn.autocommit = True
+            try:
+                return documents.rebuild(conn, name, progress=progress)
+            finally:
+                conn.autocommit = False
+
+    def verify(self, name: str | None = None) -> list[documents.Mismatch]:
+        with self.connection() as conn:
+            return documents.verify(conn, name)
 
     def upgrade(self, revision: str = "head", *, dimension: int | None = None) -> None:
         """Migrate this database (see ``pgrag.migrate.upgrade``) and refresh pooled connections."""
