@@ -1,0 +1,227 @@
+"""``pgrag embed``, ``pgrag worker``, ``pgrag reembed``: parse, call pgrag.worker, print.
+
+Registered on the main group by ``pgrag/cli.py`` (``cli.add_command``); ``COMMANDS`` lists them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from pgrag.embed.base import ENV_EMBEDDER, Embedder
+from pgrag.errors import EmbeddingFailed
+from pgrag.worker import (
+    DEFAULT_BATCH_SIZE,
+    BatchResult,
+    DrainResult,
+    StopOnSignals,
+    Worker,
+)
+
+MODEL_HELP = (
+    "Embedder: sentence-transformers (default, all-MiniLM-L6-v2 bundled), "
+    "sentence-transformers:PATH, onnx (same model, no PyTorch), onnx:DIR, openai:MODEL. "
+    "Env: PGRAG_EMBEDDER."
+)
+SHOWN_FAILURES = 5
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _url(ctx: click.Context) -> str:
+    """The database URL from the main group's state, else PGRAG_DATABASE_URL / embedded."""
+    state = ctx.find_root().obj
+    if state is not None and hasattr(state, "url"):
+        return str(state.url())
+    from pgrag.db import resolve_url
+
+    return resolve_url(None)
+
+
+def _embedder(spec: str | None) -> Embedder:
+    from pgrag.embed.base import get_embedder
+
+    return get_embedder(spec)
+
+
+def _model_option(required: bool = False) -> Callable[[F], F]:
+    return click.option(
+        "--model",
+        "model_spec",
+        metavar="SPEC",
+        envvar=ENV_EMBEDDER,
+        required=required,
+        help=MODEL_HELP,
+    )
+
+
+def _batch_option() -> Callable[[F], F]:
+    return click.option(
+        "--batch-size",
+        type=click.IntRange(1, 4096),
+        default=DEFAULT_BATCH_SIZE,
+        show_default=True,
+        help="Chunks claimed, embedded and written together.",
+    )
+
+
+def _drain_with_bar(worker: Worker, total: int) -> DrainResult:
+    from tqdm import tqdm
+
+    with tqdm(total=total, unit="chunk", desc="embedding", disable=None, dynamic_ncols=True) as bar:
+
+        def on_batch(b: BatchResult) -> None:
+            bar.update(b.claimed)
+
+        return worker.drain(on_batch)
+
+
+def _summary(result: DrainResult) -> str:
+    rate = result.claimed / result.seconds if result.seconds > 0 else 0.0
+    text = (
+        f"embedded {result.written} chunks in {result.seconds:.1f} s ({rate:.0f}/s): "
+        f"{result.model_texts} texts through the model, {result.from_cache} from the cache"
+    )
+    if result.changed:
+        text += f"; {result.changed} changed while embedding (queued again)"
+    return text
+
+
+def _report_failures(worker: Worker, result: DrainResult, given_up: int) -> None:
+    if given_up:
+        click.echo(
+            f"{given_up} chunks skipped after repeated failures: "
+            "`pgrag embed --retry-failed` tries them again",
+            err=True,
+        )
+    if not result.failures:
+        return
+    for f in result.failures[:SHOWN_FAILURES]:
+        click.echo(f"  chunk {f.chunk_id}: {f.error}", err=True)
+    more = len(result.failures) - SHOWN_FAILURES
+    if more > 0:
+        click.echo(f"  ... and {more} more (table pgrag.embed_errors)", err=True)
+    first = result.failures[0].error
+    if result.outage:
+        raise EmbeddingFailed(
+            f"the embedder {worker.embedder.name} is failing ({first}); {len(result.failures)} "
+            "chunks stay queued: fix the cause and run `pgrag embed` again"
+        )
+    raise EmbeddingFailed(
+        f"{len(result.failures)} chunks could not be embedded (first: {first}): fix the cause "
+        "(see pgrag.embed_errors), then run `pgrag embed --retry-failed`"
+    )
+
+
+@click.command("embed")
+@_model_option()
+@_batch_option()
+@click.option("--retry-failed", is_flag=True, help="Forget recorded failures and try them again.")
+@click.pass_context
+def embed(ctx: click.Context, model_spec: str | None, batch_size: int, retry_failed: bool) -> None:
+    """Embed every chunk waiting for a vector, with a progress bar, then exit.
+
+    Exits 9 if some chunks could not be embedded (they are listed), 5 if the model is not the
+    one that made this store's vectors (see `pgrag reembed`).
+    """
+    url = _url(ctx)
+    embedder = _embedder(model_spec)
+    stop = threading.Event()
+    with Worker(url, embedder, batch_size=batch_size, stop=stop) as worker, StopOnSignals(stop):
+        worker.check()
+        if retry_failed:
+            click.echo(f"forgot {worker.clear_errors()} recorded failures", err=True)
+        queue = worker.queue()
+        if queue.waiting == 0 and queue.retrying == 0:
+            click.echo(f"nothing to embed ({embedder.name})")
+            _report_failures(worker, DrainResult(), queue.given_up)
+            return
+        result = _drain_with_bar(worker, queue.waiting)
+        click.echo(_summary(result))
+        if result.stopped:
+            click.echo("stopped before the queue was empty", err=True)
+        _report_failures(worker, result, worker.queue().given_up)
+
+
+@click.command("worker")
+@_model_option()
+@_batch_option()
+@click.option(
+    "--poll",
+    "poll_s",
+    type=click.FloatRange(0.1, 3600),
+    default=30.0,
+    show_default=True,
+    help="Seconds between queue checks when no NOTIFY arrives.",
+)
+@click.pass_context
+def worker(ctx: click.Context, model_spec: str | None, batch_size: int, poll_s: float) -> None:
+    """Keep embedding: wake on the sync triggers' NOTIFY (pgrag_chunks) and embed what changed.
+
+    Stops cleanly on SIGINT or SIGTERM after its current batch (a second signal interrupts).
+    Any number of workers may run at once.
+    """
+    url = _url(ctx)
+    embedder = _embedder(model_spec)
+    stop = threading.Event()
+    with Worker(url, embedder, batch_size=batch_size, stop=stop) as w, StopOnSignals(stop):
+        w.check()
+        click.echo(f"pgrag worker: {embedder.name}, listening on pgrag_chunks", err=True)
+
+        def on_batch(b: BatchResult) -> None:
+            line = (
+                f"embedded {b.written}/{b.claimed} chunks in {b.seconds:.2f} s "
+                f"({b.model_texts} through the model, {b.from_cache} cached)"
+            )
+            if b.changed:
+                line += f", {b.changed} changed meanwhile"
+            if b.failures:
+                line += f", {len(b.failures)} failed: {b.failures[0].error}"
+            click.echo(line, err=True)
+
+        result = w.run_forever(on_batch, poll_s=poll_s)
+    click.echo(f"pgrag worker: stopped after {result.written} chunks", err=True)
+
+
+@click.command("reembed")
+@_model_option(required=True)
+@_batch_option()
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@click.option(
+    "--no-embed",
+    is_flag=True,
+    help="Only switch the model and queue every chunk; leave the embedding to workers.",
+)
+@click.pass_context
+def reembed(
+    ctx: click.Context, model_spec: str, batch_size: int, yes: bool, no_embed: bool
+) -> None:
+    """Switch the store to another model: drop every vector, then embed every chunk again.
+
+    Vectors the model made before come back from the content cache for free; search returns
+    fewer chunks until the re-embedding is done.
+    """
+    url = _url(ctx)
+    embedder = _embedder(model_spec)
+    if not yes:
+        click.confirm(
+            f"drop every vector and re-embed with {embedder.name} ({embedder.dimension} d)?",
+            abort=True,
+        )
+    stop = threading.Event()
+    with Worker(url, embedder, batch_size=batch_size, stop=stop) as w, StopOnSignals(stop):
+        queued = w.begin_reembed()
+        click.echo(
+            f"store switched to {embedder.name} ({embedder.dimension} d); {queued} chunks queued"
+        )
+        if no_embed:
+            return
+        result = _drain_with_bar(w, queued)
+        click.echo(_summary(result))
+        _report_failures(w, result, w.queue().given_up)
+
+
+COMMANDS = (embed, worker, reembed)

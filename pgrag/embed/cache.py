@@ -1,0 +1,203 @@
+"""The two caches: content (inside the worker's SQL) and query (here).
+
+Content cache: ``pgrag.embedding_cache`` keyed by (model, sha256 of the text). The worker's claim
+returns a chunk's cached vector with it and ``store_embeddings`` fills the cache, so a text is
+sent to a model once, whichever chunk carries it and however often it is rebuilt.
+
+Query cache: a question, normalized (Unicode NFKC, whitespace collapsed, trimmed), is embedded
+once per model: an in-process LRU first, then ``pgrag.query_cache`` (shared by every process,
+entries older than the TTL ignored and purged), then the model. Every answer says where the
+vector came from.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+import unicodedata
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Literal
+
+import numpy as np
+import psycopg
+
+from pgrag.embed.base import QUERY_RETRY, Embedder, RetryPolicy, Vectors, embed_with_retry
+from pgrag.errors import ConfigError
+
+ENV_QUERY_CACHE_TTL = "PGRAG_QUERY_CACHE_TTL"
+DEFAULT_TTL_S = 7 * 24 * 3600
+DEFAULT_LRU_SIZE = 1024
+
+CacheSource = Literal["memory", "database", "model"]
+
+
+def content_hash(text: str) -> bytes:
+    """sha256 of the UTF-8 text: the same bytes as ``pgrag.chunks.content_hash``."""
+    return hashlib.sha256(text.encode("utf-8")).digest()
+
+
+def normalize_query(question: str) -> str:
+    """NFKC, whitespace runs to one space, trimmed: spelling-identical questions share a vector."""
+    return " ".join(unicodedata.normalize("NFKC", question).split())
+
+
+@dataclass(frozen=True, eq=False)
+class QueryVector:
+    """A question's vector and where it came from (``cache_hit`` unless the model ran)."""
+
+    vector: Vectors
+    model: str
+    source: CacheSource
+    seconds: float
+
+    @property
+    def cache_hit(self) -> bool:
+        return self.source != "model"
+
+
+def ttl_from_env() -> float:
+    raw = os.environ.get(ENV_QUERY_CACHE_TTL)
+    if not raw:
+        return DEFAULT_TTL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(
+            f"{ENV_QUERY_CACHE_TTL}={raw!r} is not a number of seconds: e.g. 604800 (a week)"
+        ) from None
+    if value <= 0:
+        raise ConfigError(f"{ENV_QUERY_CACHE_TTL}={raw!r} must be more than 0 seconds")
+    return value
+
+
+class QueryCache:
+    """Question → vector for one embedder: LRU in this process, then Postgres, then the model.
+
+    Thread-safe. ``embed(conn, question)`` takes a psycopg connection (pgvector need not be
+    registered on it); ``aembed`` the same with an AsyncConnection. Both run the same SQL. A new
+    entry is written in a savepoint of the caller's transaction (or its own, in autocommit) and
+    is shared once that commits; failing to write it never fails the caller.
+    """
+
+    GET = "select pgrag.query_cache_get(%(model)s, %(hash)s, %(ttl)s)::real[]"
+    PUT = (
+        "select pgrag.query_cache_put(%(model)s, %(hash)s, %(query)s, %(vec)s::real[]::vector, "
+        "%(ttl)s)"
+    )
+
+    def __init__(
+        self,
+        embedder: Embedder,
+        *,
+        ttl_s: float | None = None,
+        max_items: int = DEFAULT_LRU_SIZE,
+        retry: RetryPolicy = QUERY_RETRY,
+    ) -> None:
+        self.embedder = embedder
+        self.ttl_s = ttl_from_env() if ttl_s is None else ttl_s
+        self.max_items = max_items
+        self.retry = retry
+        self._lru: OrderedDict[bytes, tuple[float, Vectors]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # ---- the in-process LRU ----
+
+    def _memory_get(self, key: bytes) -> Vectors | None:
+        with self._lock:
+            hit = self._lru.get(key)
+            if hit is None:
+                return None
+            stored_at, vector = hit
+            if time.monotonic() - stored_at > self.ttl_s:
+                del self._lru[key]
+                return None
+            self._lru.move_to_end(key)
+            return vector
+
+    def _memory_put(self, key: bytes, vector: Vectors) -> None:
+        with self._lock:
+            self._lru[key] = (time.monotonic(), vector)
+            self._lru.move_to_end(key)
+            while len(self._lru) > self.max_items:
+                self._lru.popitem(last=False)
+
+    def clear_memory(self) -> None:
+        with self._lock:
+            self._lru.clear()
+
+    # ---- lookups ----
+
+    def _params(self, normalized: str) -> dict[str, Any]:
+        return {
+            "model": self.embedder.name,
+            "hash": content_hash(normalized),
+            "ttl": timedelta(seconds=self.ttl_s),
+        }
+
+    def _compute(self, normalized: str) -> Vectors:
+        vector: Vectors = embed_with_retry(self.embedder, [normalized], self.retry)[0]
+        vector.setflags(write=False)
+        return vector
+
+    def embed(self, conn: psycopg.Connection[Any], question: str) -> QueryVector:
+        started = time.perf_counter()
+        normalized = normalize_query(question)
+        params = self._params(normalized)
+        key = params["hash"]
+        vector = self._memory_get(key)
+        if vector is not None:
+            return QueryVector(vector, self.embedder.name, "memory", _since(started))
+        row = conn.execute(self.GET, params).fetchone()
+        if row is not None and row[0] is not None:
+            vector = _frozen(row[0])
+            self._memory_put(key, vector)
+            return QueryVector(vector, self.embedder.name, "database", _since(started))
+        vector = self._compute(normalized)
+        try:  # a savepoint inside the caller's transaction: a failed write fails nothing else
+            with conn.transaction():
+                conn.execute(self.PUT, {**params, "query": normalized, "vec": vector.tolist()})
+        except psycopg.Error:
+            pass  # e.g. a read-only standby: the vector is still right, just not shared
+        self._memory_put(key, vector)
+        return QueryVector(vector, self.embedder.name, "model", _since(started))
+
+    async def aembed(self, conn: psycopg.AsyncConnection[Any], question: str) -> QueryVector:
+        import asyncio
+
+        started = time.perf_counter()
+        normalized = normalize_query(question)
+        params = self._params(normalized)
+        key = params["hash"]
+        vector = self._memory_get(key)
+        if vector is not None:
+            return QueryVector(vector, self.embedder.name, "memory", _since(started))
+        cur = await conn.execute(self.GET, params)
+        row = await cur.fetchone()
+        if row is not None and row[0] is not None:
+            vector = _frozen(row[0])
+            self._memory_put(key, vector)
+            return QueryVector(vector, self.embedder.name, "database", _since(started))
+        vector = await asyncio.to_thread(self._compute, normalized)
+        try:
+            async with conn.transaction():
+                await conn.execute(
+                    self.PUT, {**params, "query": normalized, "vec": vector.tolist()}
+                )
+        except psycopg.Error:
+            pass
+        self._memory_put(key, vector)
+        return QueryVector(vector, self.embedder.name, "model", _since(started))
+
+
+def _frozen(values: Any) -> Vectors:
+    vector = np.asarray(values, dtype=np.float32)
+    vector.setflags(write=False)
+    return vector
+
+
+def _since(started: float) -> float:
+    return time.perf_counter() - started

@@ -1,0 +1,440 @@
+"""The embedding worker: claims chunks waiting for a vector, embeds them, writes them back.
+
+How a batch runs (the SQL is in ``sql/idempotent/20_embeddings.sql``):
+
+1. ``pgrag.claim_chunks`` takes a session advisory lock on up to ``batch_size`` waiting chunks
+   (skipping chunks other workers hold, like ``FOR UPDATE SKIP LOCKED``) and returns their text,
+   content hash and cached vector, if the content cache has one. No transaction stays open.
+2. Texts not in the cache are embedded, each distinct text once, with transient failures
+   retried with backoff. A batch that fails for good is split in halves to find the chunks
+   that fail; only those are recorded in ``pgrag.embed_errors``.
+3. ``pgrag.store_embeddings`` writes, in one transaction, the content cache and the vectors of
+   the chunks whose text still has the hash that was embedded; a chunk rewritten meanwhile
+   stays queued. Then the locks are released.
+
+A worker killed at any point wrote all of a batch or none of it, and its locks vanished with its
+connection: the next worker takes the batch again (from the cache where it can).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from types import FrameType, TracebackType
+from typing import Any
+
+import numpy as np
+import psycopg
+from pgvector.psycopg import register_vector
+from psycopg.rows import class_row
+
+from pgrag.embed.base import (
+    DEFAULT_RETRY,
+    Embedder,
+    EmbedError,
+    RetryPolicy,
+    Stopped,
+    Vectors,
+    embed_with_retry,
+)
+from pgrag.errors import from_database
+
+NOTIFY_CHANNEL = "pgrag_chunks"
+DEFAULT_BATCH_SIZE = 64
+DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_FAILURE_RETRY_S = 60.0
+
+
+@dataclass(frozen=True, eq=False)
+class ClaimedChunk:
+    chunk_id: int
+    text: str
+    content_hash: bytes
+    cached: object | None  # a pgvector Vector when the content cache had the text
+
+
+def as_vector(value: object) -> Vectors:
+    """A vector column's value (pgvector Vector, ndarray, list, or text) as a float32 array."""
+    to_numpy = getattr(value, "to_numpy", None)
+    if to_numpy is not None:
+        value = to_numpy()
+    elif isinstance(value, str):
+        value = [float(x) for x in value.strip("[]").split(",")]
+    return np.asarray(value, dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class ChunkFailure:
+    chunk_id: int
+    error: str
+    transient: bool
+
+
+@dataclass(frozen=True)
+class QueueStatus:
+    """Chunks without a vector: ready to embed, failed and waiting to retry, given up on."""
+
+    waiting: int
+    retrying: int
+    given_up: int
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    claimed: int
+    written: int  # vectors written to chunks
+    from_cache: int  # of which the content cache had the vector
+    model_texts: int  # distinct texts sent to the model
+    changed: int  # text changed while embedding: left queued
+    failures: tuple[ChunkFailure, ...]
+    seconds: float
+
+    @property
+    def outage(self) -> bool:
+        """The embedder failed transiently on the whole batch, even after retries."""
+        return bool(self.failures) and all(f.transient for f in self.failures)
+
+
+@dataclass(frozen=True)
+class DrainResult:
+    batches: int = 0
+    claimed: int = 0
+    written: int = 0
+    from_cache: int = 0
+    model_texts: int = 0
+    changed: int = 0
+    failures: tuple[ChunkFailure, ...] = ()
+    seconds: float = 0.0
+    stopped: bool = False
+    outage: bool = False
+
+    def add(self, b: BatchResult) -> DrainResult:
+        return DrainResult(
+            batches=self.batches + 1,
+            claimed=self.claimed + b.claimed,
+            written=self.written + b.written,
+            from_cache=self.from_cache + b.from_cache,
+            model_texts=self.model_texts + b.model_texts,
+            changed=self.changed + b.changed,
+            failures=self.failures + b.failures,
+            seconds=self.seconds,
+            stopped=self.stopped,
+            outage=self.outage or b.outage,
+        )
+
+
+@dataclass
+class _Outcome:
+    vectors: dict[bytes, Vectors] = field(default_factory=dict)
+    errors: dict[bytes, EmbedError] = field(default_factory=dict)
+
+
+class Worker:
+    """One embedding worker on one database connection. Use as a context manager.
+
+    Several workers (threads or processes, on one machine or many) may drain one store at once.
+    ``stop`` (a threading.Event) ends ``drain`` and ``run_forever`` after the current batch.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        embedder: Embedder,
+        *,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        retry: RetryPolicy = DEFAULT_RETRY,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        failure_retry_s: float = DEFAULT_FAILURE_RETRY_S,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.url = url
+        self.embedder = embedder
+        self.batch_size = batch_size
+        self.retry = retry
+        self.max_attempts = max_attempts
+        self.failure_retry = timedelta(seconds=failure_retry_s)
+        self.stop = stop or threading.Event()
+        self._conn: psycopg.Connection[Any] | None = None
+
+    # ---- lifecycle ----
+
+    def open(self) -> Worker:
+        from pgrag import migrate
+        from pgrag.db import connect_once
+
+        migrate.require_head(self.url)
+        with connect_once(self.url):  # connection failures as one-line ConnectionFailed
+            pass
+        conn = psycopg.connect(self.url, autocommit=True, application_name="pgrag worker")
+        register_vector(conn)
+        self._conn = conn
+        return self
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()  # closing ends the session: its advisory locks go with it
+            self._conn = None
+
+    def __enter__(self) -> Worker:
+        return self.open()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    @property
+    def conn(self) -> psycopg.Connection[Any]:
+        if self._conn is None:
+            self.open()
+        assert self._conn is not None
+        return self._conn
+
+    def _execute(self, query: Any, params: Any = None) -> psycopg.Cursor[Any]:
+        try:
+            return self.conn.execute(query, params)
+        except psycopg.Error as exc:
+            mapped = from_database(exc)
+            if mapped is not None:
+                raise mapped from exc
+            raise
+
+    # ---- the store's model ----
+
+    def check(self) -> None:
+        """Refuse (ModelMismatch, DimensionMismatch) an embedder the store was not made with."""
+        self._execute(
+            "select pgrag.check_embedder(%s, %s)", (self.embedder.name, self.embedder.dimension)
+        )
+
+    def begin_reembed(self) -> int:
+        """Switch the store to this embedder: drop every vector, queue every chunk."""
+        row = self._execute(
+            "select pgrag.begin_reembed(%s, %s)", (self.embedder.name, self.embedder.dimension)
+        ).fetchone()
+        register_vector(self.conn)  # the column's type may have changed
+        return int(row[0]) if row else 0
+
+    def queue(self) -> QueueStatus:
+        with self.conn.cursor(row_factory=class_row(QueueStatus)) as cur:
+            row = cur.execute(
+                "select waiting, retrying, given_up from pgrag.embed_queue(%s, %s)",
+                (self.embedder.name, self.max_attempts),
+            ).fetchone()
+        assert row is not None
+        return row
+
+    def clear_errors(self) -> int:
+        row = self._execute("select pgrag.clear_embed_errors()").fetchone()
+        return int(row[0]) if row else 0
+
+    def recorded_failures(self, limit: int = 10) -> list[ChunkFailure]:
+        rows = self._execute(
+            "select chunk_id, error from pgrag.embed_errors where model = %s "
+            "order by failed_at desc, chunk_id limit %s",
+            (self.embedder.name, limit),
+        ).fetchall()
+        return [ChunkFailure(int(r[0]), str(r[1]), False) for r in rows]
+
+    # ---- one batch ----
+
+    def run_batch(self) -> BatchResult | None:
+        """Claim, embed and store one batch; None when nothing is waiting."""
+        started = time.perf_counter()
+        with self.conn.cursor(row_factory=class_row(ClaimedChunk)) as cur:
+            claimed = cur.execute(
+                "select claimed_id as chunk_id, claimed_text as text, "
+                "claimed_hash as content_hash, cached_embedding as cached "
+                "from pgrag.claim_chunks(%s, %s, %s)",
+                (self.embedder.name, self.batch_size, self.max_attempts),
+            ).fetchall()
+        if not claimed:
+            return None
+        ids = [c.chunk_id for c in claimed]
+        try:
+            return self._finish(claimed, started)
+        finally:
+            if not self.conn.closed:
+                self.conn.execute("select pgrag.release_chunks(%s::bigint[])", (ids,))
+
+    def _finish(self, claimed: list[ClaimedChunk], started: float) -> BatchResult:
+        outcome = _Outcome()
+        for c in claimed:
+            if c.cached is not None:
+                outcome.vectors[c.content_hash] = as_vector(c.cached)
+        todo: dict[bytes, str] = {}
+        for c in claimed:
+            if c.content_hash not in outcome.vectors:
+                todo.setdefault(c.content_hash, c.text)
+        if todo:
+            self._embed_resilient(list(todo.items()), outcome)
+        ready = [c for c in claimed if c.content_hash in outcome.vectors]
+        written: set[int] = set()
+        if ready:
+            rows = self._execute(
+                "select * from pgrag.store_embeddings(%s, %s::bigint[], %s::bytea[], %s::vector[])",
+                (
+                    self.embedder.name,
+                    [c.chunk_id for c in ready],
+                    [c.content_hash for c in ready],
+                    [outcome.vectors[c.content_hash] for c in ready],
+                ),
+            ).fetchall()
+            written = {int(r[0]) for r in rows}
+        failures = tuple(
+            ChunkFailure(
+                c.chunk_id,
+                str(outcome.errors[c.content_hash]),
+                outcome.errors[c.content_hash].transient,
+            )
+            for c in claimed
+            if c.content_hash in outcome.errors
+        )
+        self._record(claimed, outcome)
+        return BatchResult(
+            claimed=len(claimed),
+            written=len(written),
+            from_cache=sum(1 for c in claimed if c.cached is not None and c.chunk_id in written),
+            model_texts=len(todo),
+            changed=len(ready) - len(written),
+            failures=failures,
+            seconds=time.perf_counter() - started,
+        )
+
+    def _embed_resilient(self, items: list[tuple[bytes, str]], outcome: _Outcome) -> None:
+        """Embed; on a lasting non-transient failure, split to find the texts that fail."""
+        try:
+            vectors = embed_with_retry(
+                self.embedder, [t for _, t in items], self.retry, self.stop.wait
+            )
+        except Stopped:
+            raise
+        except EmbedError as exc:
+            if exc.transient or len(items) == 1:
+                for h, _ in items:
+                    outcome.errors[h] = exc
+                return
+            half = len(items) // 2
+            self._embed_resilient(items[:half], outcome)
+            self._embed_resilient(items[half:], outcome)
+            return
+        for (h, _), v in zip(items, vectors, strict=True):
+            outcome.vectors[h] = v
+
+    def _record(self, claimed: list[ClaimedChunk], outcome: _Outcome) -> None:
+        by_error: dict[str, list[ClaimedChunk]] = {}
+        for c in claimed:
+            exc = outcome.errors.get(c.content_hash)
+            if exc is not None:
+                by_error.setdefault(str(exc)[:1000], []).append(c)
+        for message, chunks in by_error.items():
+            self._execute(
+                "select pgrag.record_embed_failures(%s, %s::bigint[], %s::bytea[], %s, %s)",
+                (
+                    self.embedder.name,
+                    [c.chunk_id for c in chunks],
+                    [c.content_hash for c in chunks],
+                    message,
+                    self.failure_retry,
+                ),
+            )
+
+    # ---- many batches ----
+
+    def drain(self, on_batch: Callable[[BatchResult], None] | None = None) -> DrainResult:
+        """Embed until nothing is waiting (or stop is set, or the embedder is unreachable)."""
+        started = time.perf_counter()
+        total = DrainResult()
+        while not self.stop.is_set():
+            try:
+                batch = self.run_batch()
+            except Stopped:
+                break
+            if batch is None:
+                break
+            total = total.add(batch)
+            if on_batch is not None:
+                on_batch(batch)
+            if batch.outage:
+                break  # every batch would wait out the same retries: report and stop
+        return _with(total, seconds=time.perf_counter() - started, stopped=self.stop.is_set())
+
+    def run_forever(
+        self,
+        on_batch: Callable[[BatchResult], None] | None = None,
+        *,
+        poll_s: float = 30.0,
+        outage_pause_s: float = 30.0,
+    ) -> DrainResult:
+        """Drain, then sleep until a NOTIFY on pgrag_chunks (or ``poll_s``); until stop is set."""
+        started = time.perf_counter()
+        total = DrainResult()
+        with psycopg.connect(self.url, autocommit=True) as listener:
+            listener.execute("listen pgrag_chunks")
+            while not self.stop.is_set():
+                result = self.drain(on_batch)
+                total = _merge(total, result)
+                if self.stop.is_set():
+                    break
+                pause = outage_pause_s if result.outage else poll_s
+                self._wait_for_notify(listener, pause)
+        return _with(total, seconds=time.perf_counter() - started, stopped=True)
+
+    def _wait_for_notify(self, listener: psycopg.Connection[Any], seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not self.stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            if any(True for _ in listener.notifies(timeout=min(0.5, left), stop_after=1)):
+                for _ in listener.notifies(timeout=0.0):  # swallow the rest of the burst
+                    pass
+                return
+
+
+def _with(r: DrainResult, *, seconds: float, stopped: bool) -> DrainResult:
+    from dataclasses import replace
+
+    return replace(r, seconds=seconds, stopped=stopped)
+
+
+def _merge(a: DrainResult, b: DrainResult) -> DrainResult:
+    return DrainResult(
+        batches=a.batches + b.batches,
+        claimed=a.claimed + b.claimed,
+        written=a.written + b.written,
+        from_cache=a.from_cache + b.from_cache,
+        model_texts=a.model_texts + b.model_texts,
+        changed=a.changed + b.changed,
+        failures=(a.failures + b.failures)[-1000:],
+        outage=b.outage,
+    )
+
+
+@dataclass
+class StopOnSignals:
+    """SIGINT / SIGTERM set ``event`` (finish the batch, then stop); a second one interrupts."""
+
+    event: threading.Event
+    _previous: dict[int, Any] = field(default_factory=dict)
+
+    def __enter__(self) -> StopOnSignals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:  # noqa: ARG002
+        if self.event.is_set():
+            raise KeyboardInterrupt
+        self.event.set()
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,344 @@
+-- Embeddings: the worker's claim and store, per-chunk failures, the caches, re-embedding.
+-- Re-applied by every migration that reaches head. Every function: schema pgrag, declared
+-- volatility, security invoker, fixed search_path. SQLSTATEs (pgrag/errors.py):
+--   PR002 dimension mismatch   PR006 invalid argument   PR007 model mismatch
+--
+-- How workers share the queue (docs/embeddings.md): a worker claims a chunk by taking a
+-- session-level advisory lock on its id, then embeds with no transaction open, then writes the
+-- vector in one short transaction, then releases the lock. Row locks are never held while the
+-- model runs, so the sync triggers that rewrite chunks never wait for an embedder. A killed
+-- worker's locks vanish with its connection; its batch was never written, so the next worker
+-- takes it.
+
+create or replace function pgrag.chunk_lock_keys(chunk bigint, out key1 integer, out key2 integer)
+language sql immutable strict parallel safe security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+    -- (class, object) of the chunk's advisory lock: a fixed class 'pgrg' mixed with the high
+    -- 32 bits, the low 32 bits as the object. One-to-one for every bigint id.
+    select 1885827687 # (chunk >> 32)::integer,
+           ((chunk & 4294967295) - 2147483648)::integer
+$$;
+
+comment on function pgrag.chunk_lock_keys(bigint) is
+    'The two-integer advisory lock key an embedding worker holds on a chunk it claimed';
+
+create or replace function pgrag.claim_chunks(model_name text, batch_size integer, max_attempts integer)
+returns table (claimed_id bigint, claimed_text text, claimed_hash bytea, cached_embedding vector)
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    candidate bigint;
+    k record;
+    taken integer := 0;
+begin
+    if batch_size is null or batch_size < 1 then
+        raise exception using
+            errcode = 'PR006',
+            message = format('batch size %s is not a positive number', batch_size),
+            hint = 'pass a batch size of 1 or more';
+    end if;
+    for candidate in
+        select c.id
+        from pgrag.chunks c
+        where c.embedding is null
+          and not exists (
+              select 1
+              from pgrag.embed_errors e
+              where e.chunk_id = c.id
+                and e.model = model_name
+                and e.content_hash = c.content_hash
+                and (e.attempts >= max_attempts or e.retry_at > now()))
+        order by c.id
+    loop
+        select * into k from pgrag.chunk_lock_keys(candidate);
+        continue when not pg_try_advisory_lock(k.key1, k.key2);
+        -- A new statement, a new snapshot: the worker that held this lock until a moment ago
+        -- may have written the vector since our scan began.
+        return query
+            select c.id, c.text, c.content_hash, ec.embedding
+            from pgrag.chunks c
+            left join pgrag.embedding_cache ec
+                   on ec.model = model_name and ec.content_hash = c.content_hash
+            where c.id = candidate and c.embedding is null;
+        if found then
+            taken := taken + 1;
+            exit when taken >= batch_size;
+        else
+            perform pg_advisory_unlock(k.key1, k.key2);
+        end if;
+    end loop;
+end
+$$;
+
+comment on function pgrag.claim_chunks(text, integer, integer) is
+    'Claim up to batch_size chunks waiting for a vector (session advisory locks), with their '
+    'cached vector under model_name if any; release them with pgrag.release_chunks';
+
+create or replace function pgrag.release_chunks(ids bigint[])
+returns integer
+language sql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+    select count(*)::integer
+    from unnest(ids) as t(id)
+    cross join lateral pgrag.chunk_lock_keys(t.id) as k
+    where pg_advisory_unlock(k.key1, k.key2)
+$$;
+
+comment on function pgrag.release_chunks(bigint[]) is
+    'Release chunks claimed by pgrag.claim_chunks (call after the vectors are committed)';
+
+create or replace function pgrag.check_embedder(model_name text, dim integer)
+returns void
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    stored text;
+begin
+    select embedding_model into stored from pgrag.settings;
+    if stored is not null and stored <> model_name then
+        raise exception using
+            errcode = 'PR007',
+            message = format('this store''s vectors come from the model %s, not %s',
+                             stored, model_name),
+            hint = format('use %s (--model / PGRAG_EMBEDDER), or re-embed every chunk with '
+                          '`pgrag reembed --model %s`', stored, model_name);
+    end if;
+    perform pgrag.check_dimension(dim);
+end
+$$;
+
+comment on function pgrag.check_embedder(text, integer) is
+    'Refuse (PR007, PR002) an embedder whose model or dimension differs from the store''s';
+
+create or replace function pgrag.store_embeddings(
+    model_name text, ids bigint[], hashes bytea[], vectors vector[])
+returns setof bigint
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    s record;
+    bad integer;
+begin
+    if cardinality(ids) is distinct from cardinality(hashes)
+       or cardinality(ids) is distinct from cardinality(vectors) then
+        raise exception using
+            errcode = 'PR006',
+            message = format('%s ids, %s hashes and %s vectors do not match',
+                             cardinality(ids), cardinality(hashes), cardinality(vectors)),
+            hint = 'pass one hash and one vector per chunk id';
+    end if;
+    -- The first vector binds the store to its model (settings.embedding_model is NULL until then).
+    update pgrag.settings set embedding_model = model_name where embedding_model is null;
+    -- FOR SHARE: a concurrent begin_reembed() waits for this batch, or this batch sees its model.
+    select embedding_model, embedding_dim into strict s from pgrag.settings for share;
+    if s.embedding_model is distinct from model_name then
+        raise exception using
+            errcode = 'PR007',
+            message = format('this store''s vectors come from the model %s, not %s',
+                             s.embedding_model, model_name),
+            hint = format('use %s, or re-embed every chunk with `pgrag reembed --model %s`',
+                          s.embedding_model, model_name);
+    end if;
+    -- (a cast, not vector_dims(): the search path holds no extension schema)
+    select cardinality(v::real[]) into bad
+    from unnest(vectors) as v
+    where cardinality(v::real[]) <> s.embedding_dim
+    limit 1;
+    if found then
+        raise exception using
+            errcode = 'PR002',
+            message = format('the model %s returned %s-dimensional vectors; this store holds %s',
+                             model_name, bad, s.embedding_dim),
+            hint = 'use a model with the stored dimension, or re-embed with `pgrag reembed --model ...`';
+    end if;
+    insert into pgrag.embedding_cache (model, content_hash, embedding)
+    select distinct on (t.h) model_name, t.h, t.v
+    from unnest(hashes, vectors) as t(h, v)
+    order by t.h
+    on conflict (model, content_hash) do nothing;
+    -- Only where the text is still the text that was embedded: a chunk rewritten meanwhile has
+    -- another content_hash and stays queued.
+    return query
+        with written as (
+            update pgrag.chunks c
+            set embedding = t.v, embedding_model = model_name, embedded_at = now()
+            from unnest(ids, hashes, vectors) as t(id, h, v)
+            where c.id = t.id and c.content_hash = t.h and c.embedding is null
+            returning c.id
+        ), cleared as (
+            delete from pgrag.embed_errors e using written w where e.chunk_id = w.id
+        )
+        select w.id from written w;
+end
+$$;
+
+comment on function pgrag.store_embeddings(text, bigint[], bytea[], vector[]) is
+    'Write vectors (and the content cache) for chunks whose text still has the embedded hash; '
+    'returns the ids written';
+
+create or replace function pgrag.record_embed_failures(
+    model_name text, ids bigint[], hashes bytea[], error_text text, retry_after interval)
+returns integer
+language sql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+    with alive as (
+        -- FOR KEY SHARE: a chunk deleted meanwhile is skipped, never a foreign key error.
+        select c.id from pgrag.chunks c where c.id = any (ids) for key share
+    ), recorded as (
+        insert into pgrag.embed_errors as e
+            (chunk_id, model, content_hash, attempts, error, failed_at, retry_at)
+        select t.id, model_name, t.h, 1, error_text, now(), now() + retry_after
+        from unnest(ids, hashes) as t(id, h)
+        join alive a on a.id = t.id
+        on conflict (chunk_id) do update
+        set attempts = case when e.model = excluded.model and e.content_hash = excluded.content_hash
+                            then e.attempts + 1 else 1 end,
+            model = excluded.model,
+            content_hash = excluded.content_hash,
+            error = excluded.error,
+            failed_at = excluded.failed_at,
+            retry_at = now() + least(
+                retry_after * power(2, least(
+                    case when e.model = excluded.model and e.content_hash = excluded.content_hash
+                         then e.attempts else 0 end, 16)),
+                interval '1 day')
+        returning 1
+    )
+    select count(*)::integer from recorded
+$$;
+
+comment on function pgrag.record_embed_failures(text, bigint[], bytea[], text, interval) is
+    'Record that the embedder failed on these chunks; each is retried after an interval that '
+    'doubles per attempt (at most a day)';
+
+create or replace function pgrag.clear_embed_errors()
+returns bigint
+language sql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+    with gone as (delete from pgrag.embed_errors returning 1) select count(*) from gone
+$$;
+
+comment on function pgrag.clear_embed_errors() is
+    'Forget every embedding failure, so the worker tries those chunks again';
+
+create or replace function pgrag.embed_queue(model_name text, max_attempts integer)
+returns table (waiting bigint, retrying bigint, given_up bigint)
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+    select count(*) filter (where e.chunk_id is null
+                              or (e.attempts < max_attempts and e.retry_at <= now())),
+           count(*) filter (where e.attempts < max_attempts and e.retry_at > now()),
+           count(*) filter (where e.attempts >= max_attempts)
+    from pgrag.chunks c
+    left join pgrag.embed_errors e
+           on e.chunk_id = c.id and e.model = model_name and e.content_hash = c.content_hash
+    where c.embedding is null
+$$;
+
+comment on function pgrag.embed_queue(text, integer) is
+    'Chunks waiting for a vector: ready now, failed and waiting to retry, given up on';
+
+create or replace function pgrag.begin_reembed(model_name text, dim integer)
+returns bigint
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    s pgrag.settings;
+    queued bigint;
+    vector_schema name;
+begin
+    if model_name is null or model_name = '' then
+        raise exception using errcode = 'PR006', message = 'no model name given',
+            hint = 'pass the model to re-embed with, e.g. `pgrag reembed --model onnx`';
+    end if;
+    if dim is null or dim not between 1 and 2000 then
+        raise exception using
+            errcode = 'PR006',
+            message = format('embedding dimension %s is out of range', dim),
+            hint = 'pgvector''s HNSW index takes 1 to 2000 dimensions';
+    end if;
+    select * into strict s from pgrag.settings for update;
+    if dim <> s.embedding_dim then
+        -- A new vector type for the column: every vector is dropped anyway. The type and its
+        -- operator class live in pgvector's schema, which the search path does not hold.
+        select n.nspname into strict vector_schema
+        from pg_extension e join pg_namespace n on n.oid = e.extnamespace
+        where e.extname = 'vector';
+        drop index if exists pgrag.chunks_embedding_hnsw;
+        execute format(
+            'alter table pgrag.chunks alter column embedding type %I.vector(%s) using null',
+            vector_schema, dim);
+        execute format(
+            'create index chunks_embedding_hnsw on pgrag.chunks'
+            ' using hnsw (embedding %I.vector_cosine_ops) with (m = %s, ef_construction = %s)',
+            vector_schema, s.hnsw_m, s.hnsw_ef_construction);
+        update pgrag.settings set embedding_dim = dim;
+    end if;
+    update pgrag.settings set embedding_model = model_name;
+    update pgrag.chunks
+    set embedding = null, embedding_model = null, embedded_at = null
+    where embedding is not null or embedding_model is not null;
+    delete from pgrag.embed_errors;
+    select count(*) into queued from pgrag.chunks;
+    perform pg_notify('pgrag_chunks', '');
+    return queued;
+end
+$$;
+
+comment on function pgrag.begin_reembed(text, integer) is
+    'Switch the store to another model: drop every vector (changing the column''s dimension if '
+    'needed) and queue every chunk; the content cache keeps the old model''s vectors';
+
+create or replace function pgrag.query_cache_get(model_name text, hash bytea, ttl interval)
+returns vector
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+    select q.embedding
+    from pgrag.query_cache q
+    where q.model = model_name and q.query_hash = hash and q.created_at > now() - ttl
+$$;
+
+comment on function pgrag.query_cache_get(text, bytea, interval) is
+    'The cached vector of a normalized question, if younger than ttl';
+
+create or replace function pgrag.query_cache_put(
+    model_name text, hash bytea, query_text text, vec vector, ttl interval)
+returns void
+language sql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+    delete from pgrag.query_cache where created_at <= now() - ttl;
+    insert into pgrag.query_cache (model, query_hash, query, embedding)
+    values (model_name, hash, query_text, vec)
+    on conflict (model, query_hash) do update
+    set query = excluded.query, embedding = excluded.embedding, created_at = now();
+$$;
+
+comment on function pgrag.query_cache_put(text, bytea, text, vector, interval) is
+    'Cache the vector of a normalized question; purges entries older than ttl';
+
+create or replace function pgrag.prune_embedding_cache()
+returns bigint
+language sql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+    with gone as (
+        delete from pgrag.embedding_cache ec
+        where not exists (select 1 from pgrag.chunks c where c.content_hash = ec.content_hash)
+        returning 1
+    )
+    select count(*) from gone
+$$;
+
+comment on function pgrag.prune_embedding_cache() is
+    'Drop cached vectors of texts no chunk has any more (every model)';
