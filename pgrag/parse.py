@@ -197,9 +197,9 @@ _WHO_RE = re.compile(
     re.I,
 )
 _CUSTOMER_WORDS_RE = re.compile(r"\b(?:customers?|clients?|users?|people|buyers?)\b", re.I)
-_NAME_RE = re.compile(
-    r"(?=\b([A-Z][a-z]+(?:['\-][A-Z]?[a-z]+)?)\s+([A-Z][a-z]+(?:['\-][A-Z]?[a-z]+)?)\b)"
-)
+# A capitalised name word: John, Li, McDonald, O'Brien, Mary-Jane.
+_NAME_WORD = r"(?:[A-Z]')?[A-Z][a-z]*[A-Z]?[a-z]+(?:-[A-Z][a-z]+)?"
+_NAME_RE = re.compile(r"(?=\b(" + _NAME_WORD + r")\s+(" + _NAME_WORD + r")\b)")
 _NOT_NAMES = {
     *(m.capitalize() for m in _MONTHS),
     *"""
@@ -269,8 +269,6 @@ def parse_question(
         order_id = int(m.group(1))
         take(m, "order_id = " + str(order_id))
 
-    customer_name = _find_name(text, known_names, take)
-
     segments: list[str] = []
     for segment, pattern in _SEGMENT_PATTERNS:
         if (m := pattern.search(text)) is not None and free(m):
@@ -286,6 +284,8 @@ def parse_question(
                 take(hit, "category " + name)
                 break
     found_categories.sort(key=list(categories).index)
+
+    customer_name = _find_name(text, known_names, take, free)
 
     undelivered = _UNDELIVERED_RE.search(text)
     statuses: list[str] = []
@@ -379,17 +379,20 @@ def parse_question(
         wanted.append((key, time_range.as_filter(), time_range.phrase))
 
     flt: dict[str, Any] = {}
+    schema = union_schema(known) if known else {}
     for key, value, why in wanted:
-        if key in keys:
-            flt[key] = value
-        else:
+        if key not in keys:
             notes.append(
                 f"{why!r} needs the metadata key {key!r}, which {'/'.join(doc_types)} lacks: "
                 "not filtered on"
             )
-    # Self-check: the rules only ever emit valid filters for the document types chosen.
-    if known:
-        compile_filter(flt, union_schema(known))
+            continue
+        try:  # the rules only emit values valid for the declared type; say so if not
+            compile_filter({key: value}, schema)
+        except InvalidFilter as exc:
+            notes.append(f"{why!r} not filtered on: {exc}")
+            continue
+        flt[key] = value
 
     return ParsedQuery(
         search_text=question,
@@ -408,21 +411,22 @@ def parse_question(
     )
 
 
-def _find_name(text: str, known_names: Sequence[str], take: Any) -> str | None:
+def _find_name(text: str, known_names: Sequence[str], take: Any, free: Any) -> str | None:
+    """A known name in ``text``, else the first capitalised word pair that can be a name."""
     for name in sorted(known_names, key=len, reverse=True):
-        if name.strip() and (m := _name_pattern(name.strip()).search(text)) is not None:
+        m = _name_pattern(name.strip()).search(text) if name.strip() else None
+        if m is not None and free(m):
             take(m, "customer name " + name)
             return name
     for m in _NAME_RE.finditer(text):
         first, last = m.group(1), m.group(2)
         if first in _NOT_NAMES or last in _NOT_NAMES or first.upper() == "VIP":
             continue
-        name = first + " " + last
-        start = m.start(1)
-        take_match = re.compile(re.escape(name)).search(text, start)
-        if take_match is not None:
-            take(take_match, "customer name " + name)
-        return name
+        whole = re.compile(re.escape(first) + r"\s+" + re.escape(last)).match(text, m.start(1))
+        if whole is None or not free(whole):
+            continue
+        take(whole, "customer name " + first + " " + last)
+        return first + " " + last
     return None
 
 
@@ -595,7 +599,7 @@ class LLMParser:
 
     base_url: str | None
     model: str
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)
     schemas: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: SHOP_SCHEMAS)
     timeout_s: float = 30.0
 

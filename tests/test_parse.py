@@ -218,6 +218,9 @@ def test_customer_ids_names_and_known_names() -> None:
     assert p.customer_name == "Maria Garcia"
     assert parse("Which VIP Customers bought Books?").customer_name is None
     assert parse("What happened in March 2024?").customer_name is None
+    assert parse("Did Mary-Jane O'Brien buy toys?").customer_name == "Mary-Jane O'Brien"
+    assert parse("orders of Ronald McDonald").customer_name == "Ronald McDonald"
+    assert parse("Who bought Garden Tools?", categories=["Garden Tools"]).customer_name is None
     assert parse("order #512 status").filter["order_id"] == 512
 
 
@@ -226,6 +229,10 @@ def test_a_key_the_document_type_lacks_is_dropped_with_a_note() -> None:
     p = parse("VIP orders in 2023", schemas=schemas)
     assert p.filter == {"order_date": {"$gte": "2023-01-01", "$lte": "2023-12-31"}}
     assert any("'segment'" in note for note in p.notes)
+    odd = {ORDER_DETAIL: {"segment": "integer", "order_date": "date"}}
+    p = parse("VIP orders in 2023", schemas=odd)
+    assert "segment" not in p.filter and "order_date" in p.filter
+    assert any("'segment' expects integer" in note for note in p.notes)
 
 
 # ---- the LLM parser ----
