@@ -16,6 +16,7 @@ Both work on any hit with ``id``, ``source_key``, ``doc_type``, ``text`` and ``s
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import re
 import threading
@@ -294,5 +295,21 @@ def _check_model_path(raw: str | os.PathLike[str]) -> Path:
         raise ConfigError(
             "rerank model folder " + str(path) + " has no config.json: save a CrossEncoder there "
             "with model.save_pretrained(...) or point " + ENV_RERANK_MODEL + " at one"
+        )
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    architectures = config.get("architectures") if isinstance(config, dict) else None
+    if (
+        isinstance(architectures, list)
+        and architectures
+        and not any(str(a).endswith("ForSequenceClassification") for a in architectures)
+    ):
+        raise ConfigError(
+            "rerank model folder " + str(path) + " holds a " + str(architectures[0]) + ", not a "
+            "cross-encoder (a *ForSequenceClassification model): point "
+            + ENV_RERANK_MODEL
+            + " at a CrossEncoder folder, not an embedding model"
         )
     return path.absolute()

