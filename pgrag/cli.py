@@ -17,6 +17,7 @@ import click
 import psycopg
 
 from pgrag import config, migrate
+from pgrag.cli_common import print_rebuild, rebuild_progress
 from pgrag.errors import PgragError
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -277,7 +278,7 @@ def documents_declare(
         client.declare_document(name, source, watch_map, parent=parent, metadata_schema=schema)
         click.echo(f"declared {name} (watching {', '.join(watch_map) or 'no tables'})")
         if rebuild:
-            _print_rebuild(client.rebuild(name, progress=_progress()))
+            print_rebuild(client.rebuild(name, progress=rebuild_progress()))
 
 
 @documents.command("drop")
@@ -312,33 +313,6 @@ def documents_list(state: _State) -> None:
             click.echo(f"  watches {table}")
 
 
-def _progress() -> Any:
-    """A tqdm bar per document type, fed by documents.rebuild's progress callback."""
-    from tqdm import tqdm
-
-    bars: dict[str, Any] = {}
-
-    def update(doc_type: str, done: int, total: int) -> None:
-        bar = bars.get(doc_type)
-        if bar is None:
-            bar = bars[doc_type] = tqdm(
-                total=total, desc=doc_type, unit="doc", disable=None, leave=True
-            )
-        bar.update(done - bar.n)
-        if done >= total:
-            bar.close()
-
-    return update
-
-
-def _print_rebuild(stats: Any) -> None:
-    for s in stats:
-        click.echo(
-            f"{s.doc_type}: {s.documents} documents, {s.changed} chunks written, "
-            f"{s.seconds:.1f} s ({s.per_second:,.0f} docs/s)"
-        )
-
-
 @cli.command("rebuild")
 @click.argument("doc_type", required=False)
 @click.pass_obj
@@ -351,7 +325,7 @@ def rebuild(state: _State, doc_type: str | None) -> None:
 
     with connect(state.database_url) as client:
         client.require_schema()
-        _print_rebuild(client.rebuild(doc_type, progress=_progress()))
+        print_rebuild(client.rebuild(doc_type, progress=rebuild_progress()))
 
 
 @cli.command("verify")
@@ -407,6 +381,17 @@ def demo(state: _State) -> None:
     with connect(url) as client:
         st = client.status()
         click.echo(f"chunks: {st.chunks}, embedding dimension {st.embedding_dim}")
+
+
+def _register_subcommands() -> None:
+    from pgrag.cli_embed import embed, reembed, worker
+    from pgrag.cli_sample import sample
+
+    for command in (sample, embed, worker, reembed):
+        cli.add_command(command)
+
+
+_register_subcommands()
 
 
 def main() -> None:

@@ -34,11 +34,38 @@ def sample() -> None:
     help="Random seed: the same seed and size give the same rows.",
 )
 @click.option("--no-progress", is_flag=True, help="Do not show a progress bar.")
+@click.option(
+    "--documents/--no-documents",
+    default=True,
+    help="Declare the shop's document types (customer_profile, order_detail) and render "
+    "them (default).",
+)
+@click.option(
+    "--recent-orders",
+    type=click.IntRange(0, 100),
+    default=5,
+    show_default=True,
+    help="Orders listed in full in a customer profile before '... and K more orders'.",
+)
+@click.option(
+    "--comparisons",
+    is_flag=True,
+    help="Also declare the benchmark's comparison types table_row and join_row.",
+)
 @click.pass_context
-def sample_load(ctx: click.Context, customers: int, seed: int, no_progress: bool) -> None:
-    """Drop and recreate schema shop with generated data, in one transaction.
+def sample_load(
+    ctx: click.Context,
+    customers: int,
+    seed: int,
+    no_progress: bool,
+    documents: bool,
+    recent_orders: int,
+    comparisons: bool,
+) -> None:
+    """Drop and recreate schema shop with generated data, in one transaction, then declare
+    and render its document types.
 
-    Triggers on the old shop tables go with them: re-declare document types afterwards.
+    Triggers on the old shop tables go with them; the document types are declared again.
     """
     from pgrag.db import describe_target, resolve_url
     from pgrag.sample import load_sample, validate
@@ -52,3 +79,16 @@ def sample_load(ctx: click.Context, customers: int, seed: int, no_progress: bool
     click.echo(f"  orders:      {stats.orders:>12,}")
     click.echo(f"  order items: {stats.order_items:>12,} ({stats.returned_items:,} returned)")
     click.echo(f"  seed:        {stats.seed:>12}")
+    if documents:
+        from pgrag.cli_common import print_rebuild, rebuild_progress
+        from pgrag.db import connect
+        from pgrag.sample_documents import declare_sample_documents
+
+        with connect(url) as client:
+            client.require_schema()
+            with client.connection() as conn:
+                types = declare_sample_documents(
+                    conn, recent_orders=recent_orders, comparisons=comparisons
+                )
+            click.echo(f"declared {', '.join(types)}")
+            print_rebuild(client.rebuild(progress=None if no_progress else rebuild_progress()))

@@ -28,6 +28,7 @@ from pgrag.errors import (
     NotMigrated,
     PgragError,
     from_database,
+    mapped_database_errors,
 )
 
 VERSION_TABLE = "pgrag_alembic_version"
@@ -147,6 +148,22 @@ def upgrade(
     preflight(url, options)
     with _ALEMBIC_LOCK, _alembic_errors():
         command.upgrade(_alembic_config(options), revision)
+    if revision == "head":
+        refresh_idempotent(url)
+
+
+def refresh_idempotent(url: str) -> None:
+    """Re-apply the idempotent SQL files (functions, triggers' code) on a database at head.
+
+    The head revision applies them too; this also brings a database up to date with an
+    installed pgrag whose functions changed without a schema change. One transaction.
+    """
+    from pgrag.db import connect_once
+
+    with connect_once(url, autocommit=False) as conn, mapped_database_errors():
+        conn.execute("select pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
+        apply_idempotent(conn)
+        conn.commit()
 
 
 def downgrade(url: str, revision: str) -> None:

@@ -15,6 +15,7 @@ drop function if exists pgrag.verify(text);
 drop function if exists pgrag.sync_trigger();
 drop function if exists pgrag.document_keys(text);
 drop function if exists pgrag.create_sync_triggers(text, regclass);
+drop function if exists pgrag.create_render_function(text);
 drop function if exists pgrag.drop_sync_triggers(text, regclass);
 drop table pgrag.doc_watches;
 drop table pgrag.doc_types;

@@ -22,8 +22,6 @@ as $fn$
 -- Returns the number of chunks inserted, changed or deleted.
 declare
     t pgrag.doc_types;
-    has_parent_key boolean;
-    has_metadata boolean;
     n_up bigint;
     n_pending bigint;
     n_gone bigint;
@@ -38,24 +36,18 @@ begin
     if keys is not null and cardinality(keys) = 0 then
         return 0;
     end if;
-    select bool_or(attname = 'parent_key'), bool_or(attname = 'metadata')
-      into has_parent_key, has_metadata
-      from pg_attribute where attrelid = t.source and attnum > 0 and not attisdropped;
-
     execute format($sql$
         with src as materialized (
-            select d.source_key::text as source_key,
-                   %s as parent_key,
-                   d.text::text as text,
-                   %s as metadata
-            from %s as d
-            where $1 is null or d.source_key = any($1::%s[])
+            select r.key as source_key, r.parent as parent_key, r.body as text, r.meta as metadata
+            from pgrag.%I($1) as r
         ),
         up as (
             insert into pgrag.chunks as c (doc_type, source_key, parent_key, parent_id, text, metadata)
-            select $2, s.source_key, s.parent_key, p.id, s.text, s.metadata
+            select $2, s.source_key, s.parent_key,
+                   (select p.id from pgrag.chunks p
+                     where p.doc_type = $3 and p.source_key = s.parent_key),
+                   s.text, s.metadata
             from src s
-            left join pgrag.chunks p on p.doc_type = $3 and p.source_key = s.parent_key
             on conflict (doc_type, source_key) do update
             set text = excluded.text,
                 metadata = excluded.metadata,
@@ -80,9 +72,7 @@ begin
                (select count(*) from up where pending),
                (select count(*) from gone)
         $sql$,
-        case when has_parent_key then 'd.parent_key::text' else 'null::text' end,
-        case when has_metadata then 'coalesce(d.metadata::jsonb, ''{}''::jsonb)' else '''{}''::jsonb' end,
-        t.source, t.key_type)
+        'render_' || t.name)
     into n_up, n_pending, n_gone
     using keys, t.name, t.parent_type;
 
@@ -220,6 +210,51 @@ end
 $fn$;
 
 
+create or replace function pgrag.create_render_function(doc_type text)
+returns void
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+#variable_conflict use_variable
+-- (Re)create pgrag.render_<type>(keys text[]): the type's source view filtered by keys, as
+-- static SQL inside plpgsql with a generic plan, so each session plans it once and a trigger
+-- re-rendering one document pays no planning (a document view can take ~8 ms to plan). Called by declare_document, and for every declared type whenever
+-- this file is re-applied (so a pgrag upgrade regenerates them).
+declare
+    t pgrag.doc_types;
+    cols jsonb;
+    pk_expr text;
+    md_expr text;
+begin
+    select * into strict t from pgrag.doc_types d where d.name = doc_type;
+    select jsonb_object_agg(attname, format_type(atttypid, atttypmod)) into cols
+      from pg_attribute where attrelid = t.source and attnum > 0 and not attisdropped;
+    pk_expr := case when cols ? 'parent_key' then 'd.parent_key::text' else 'null::text' end;
+    md_expr := case when cols ? 'metadata' then 'coalesce(d.metadata, ''{}''::jsonb)'
+                    else '''{}''::jsonb' end;
+    execute format($f$
+        create or replace function pgrag.%I(keys text[])
+        returns table (key text, parent text, body text, meta jsonb)
+        language plpgsql stable security invoker rows 10
+        set search_path = pg_catalog, pg_temp
+        set plan_cache_mode = force_generic_plan
+        as $body$
+        begin
+            if keys is null then
+                return query select d.source_key::text, %s, d.text::text, %s from %s d;
+            else
+                return query select d.source_key::text, %s, d.text::text, %s from %s d
+                             where d.source_key = any(keys::%s[]);
+            end if;
+        end
+        $body$
+        $f$,
+        'render_' || t.name,
+        pk_expr, md_expr, t.source, pk_expr, md_expr, t.source, t.key_type);
+end
+$fn$;
+
+
 create or replace function pgrag.drop_document(name text, keep_chunks boolean default false)
 returns bigint
 language plpgsql volatile security invoker
@@ -254,6 +289,7 @@ begin
         get diagnostics n = row_count;
     end if;
     delete from pgrag.doc_types d where d.name = t.name;
+    execute format('drop function if exists pgrag.%I(text[])', 'render_' || t.name);
     if t.owns_source and exists (select 1 from pg_class where oid = t.source) then
         execute format('drop view %s', t.source);
     end if;
@@ -403,6 +439,7 @@ begin
     set source = excluded.source, owns_source = excluded.owns_source, key_type = excluded.key_type,
         parent_type = excluded.parent_type, metadata_schema = excluded.metadata_schema,
         updated_at = now();
+    perform pgrag.create_render_function(declare_document.name);
 
     -- the watched tables: each must exist and its key query must compile against it
     for w in select key as tbl_name, value as kq from jsonb_each(watches) loop
@@ -472,8 +509,6 @@ as $fn$
 -- stale text, stale metadata, wrong parent.
 declare
     t pgrag.doc_types;
-    has_parent_key boolean;
-    has_metadata boolean;
 begin
     for t in select * from pgrag.doc_types d
               where only_type is null or d.name = only_type
@@ -482,14 +517,11 @@ begin
             return query select t.name, null::text, 'source view is gone: re-declare the type';
             continue;
         end if;
-        select bool_or(attname = 'parent_key'), bool_or(attname = 'metadata')
-          into has_parent_key, has_metadata
-          from pg_attribute where attrelid = t.source and attnum > 0 and not attisdropped;
         return query execute format($sql$
             with src as (
-                select d.source_key::text as source_key, %s as parent_key,
-                       d.text::text as text, %s as metadata
-                from %s d
+                select r.key as source_key, r.parent as parent_key, r.body as text,
+                       r.meta as metadata
+                from pgrag.%I(null) as r
             ),
             ch as (
                 select c.source_key, c.parent_key, c.text, c.metadata, p.source_key as linked_key
@@ -515,9 +547,7 @@ begin
                or ($2 is not null and ch.linked_key is distinct from ch.parent_key)
             order by 2
             $sql$,
-            case when has_parent_key then 'd.parent_key::text' else 'null::text' end,
-            case when has_metadata then 'coalesce(d.metadata::jsonb, ''{}''::jsonb)' else '''{}''::jsonb' end,
-            t.source)
+            'render_' || t.name)
         using t.name, t.parent_type;
     end loop;
 end
@@ -525,3 +555,16 @@ $fn$;
 
 comment on function pgrag.verify(text) is
     'Differences between the declared source views and the stored chunks (none = in sync)';
+
+
+-- Regenerate every declared type's render function against this version of pgrag.
+do $$
+declare
+    t record;
+begin
+    for t in select d.name from pgrag.doc_types d
+              where exists (select 1 from pg_class c where c.oid = d.source) loop
+        perform pgrag.create_render_function(t.name);
+    end loop;
+end
+$$;

@@ -1,0 +1,37 @@
+"""Small pieces the click modules share: rebuild progress bars and summaries."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import click
+
+from pgrag.documents import RebuildStats
+
+
+def rebuild_progress() -> Callable[[str, int, int], None]:
+    """A tqdm bar per document type, fed by documents.rebuild's progress callback."""
+    from tqdm import tqdm
+
+    bars: dict[str, Any] = {}
+
+    def update(doc_type: str, done: int, total: int) -> None:
+        bar = bars.get(doc_type)
+        if bar is None:
+            bar = bars[doc_type] = tqdm(
+                total=total, desc=doc_type, unit="doc", disable=None, leave=True
+            )
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
+
+    return update
+
+
+def print_rebuild(stats: Iterable[RebuildStats]) -> None:
+    for s in stats:
+        click.echo(
+            f"{s.doc_type}: {s.documents} documents, {s.changed} chunks written, "
+            f"{s.seconds:.1f} s ({s.per_second:,.0f} docs/s)"
+        )
