@@ -477,13 +477,6 @@ def test_cli_rejects_too_few_customers(db_url: str) -> None:
     assert "200" in str(result.exception)
 
 
-def _registered() -> bool:
-    from pgrag.cli import cli
-
-    return "sample" in cli.commands
-
-
-@pytest.mark.skipif(not _registered(), reason="pgrag/cli.py does not register `sample` yet")
 def test_cli_end_to_end(db_url: str) -> None:
     done = run_pgrag(
         "--database-url", db_url, "sample", "load", "--customers", "300", "--no-progress"
@@ -491,6 +484,17 @@ def test_cli_end_to_end(db_url: str) -> None:
     assert done.returncode == 0, done.stderr
     assert "orders:" in done.stdout
     assert scalar(db_url, "select count(*) from shop.customers") == 300
+    # the shop's documents are declared and rendered, and match their views
+    assert "declared customer_profile, order_detail" in done.stdout
+    assert (
+        scalar(db_url, "select count(*) from pgrag.chunks where doc_type = 'customer_profile'")
+        == 300
+    )
+    assert scalar(
+        db_url, "select count(*) from pgrag.chunks where doc_type = 'order_detail'"
+    ) == scalar(db_url, "select count(*) from shop.orders")
+    checked = run_pgrag("--database-url", db_url, "verify")
+    assert checked.returncode == 0 and "all chunks match" in checked.stdout, checked.stdout
 
     bad = run_pgrag("--database-url", db_url, "sample", "load", "--customers", "20")
     assert bad.returncode == 2
