@@ -1,0 +1,829 @@
+"""One SQL statement per search: filters, HNSW, full text, rank fusion, parents and exact stats.
+
+The statement (docs/search.md) is a chain of CTEs:
+
+- ``counted``: how many chunks match the filter, counted up to ``exact_threshold`` (only when
+  there is a filter). It gates the two vector branches, so exactly one of them runs:
+- ``vec_exact``: fewer matching rows than the threshold: every matching vector is compared
+  (an exact scan; ``+ 0`` on the distance keeps the planner off the HNSW index);
+- ``vec_index``: otherwise the HNSW index with pgvector's iterative scan
+  (``hnsw.iterative_scan = relaxed_order``), which keeps walking the graph until enough rows pass
+  the filter; materialized and re-sorted because relaxed order may be slightly out of order;
+- ``fts``: ``tsv @@ pgrag.text_query(text, match)`` ranked by ``ts_rank_cd``;
+- ``fused``: reciprocal rank fusion, ``1 / (rrf_k + rank)`` summed over both lists;
+- ``stats``: ``pgrag.doc_type_stats`` of every searched document type with declared statistics,
+  over *every* chunk matching the filter (not the top k), plus the embedder check;
+- the final SELECT joins each hit to its chunk and its parent chunk.
+
+The per-query HNSW settings go through ``set_config(..., true)`` in the same transaction and
+the same pipeline (one network round trip for both statements).
+
+Builders (``build_statement``) return ``sql.Composed`` and do no I/O; ``search`` (sync) and
+``asearch`` (async) run them. The SQL functions ``pgrag.search`` / ``hybrid_search`` /
+``text_search`` in ``sql/idempotent/30_search.sql`` run the same statement shape with a
+containment filter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, LiteralString
+
+import numpy as np
+import psycopg
+from psycopg import sql
+from psycopg.rows import class_row
+
+from pgrag.errors import ConfigError, InvalidFilter, NotMigrated, from_database
+from pgrag.filters import CompiledFilter, compile_filter, union_schema
+
+if TYPE_CHECKING:
+    from pgrag.db import Client
+    from pgrag.embed.base import Embedder
+    from pgrag.embed.cache import QueryCache, QueryVector
+
+Mode = Literal["hybrid", "vector", "text"]
+Match = Literal["all", "any"]
+
+MODES: tuple[Mode, ...] = ("hybrid", "vector", "text")
+MATCHES: tuple[Match, ...] = ("all", "any")
+DEFAULT_K = 10
+MAX_K = 10_000
+RRF_K = 60
+EXACT_THRESHOLD = 2_000
+FTS_LIMIT = 10_000
+MIN_EF_SEARCH = 40
+MIN_MAX_SCAN_TUPLES = 20_000
+SCHEMA_TTL_S = 30.0
+
+_C = "c"  # the chunks alias every filter is compiled against
+METADATA = sql.Identifier(_C, "metadata")
+DOC_TYPE = sql.Identifier(_C, "doc_type")
+
+# One statement before the search, in the same transaction and pipeline.
+SETTINGS: LiteralString = (
+    "select set_config('hnsw.iterative_scan', 'relaxed_order', true), "
+    "set_config('hnsw.ef_search', %(ef_search)s, true), "
+    "set_config('hnsw.max_scan_tuples', %(max_scan_tuples)s, true)"
+)
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """One chunk found, with every score and its parent's text (children only)."""
+
+    id: int
+    doc_type: str
+    source_key: str
+    text: str
+    metadata: dict[str, Any]
+    score: float  # hybrid: RRF; vector: 1 - cosine distance; text: ts_rank_cd
+    distance: float | None  # cosine distance (None when only full text found it)
+    vector_rank: int | None
+    text_rank: int | None
+    text_score: float | None
+    parent_id: int | None
+    parent_source_key: str | None
+    parent_text: str | None
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    hits: tuple[SearchHit, ...]
+    stats: dict[str, Any] | None  # {doc_type: {...}} when asked for
+    scan: str  # "exact", "index" (HNSW), or "text" (no vector search)
+    timings: dict[str, float]  # milliseconds: embed_ms, search_ms, total_ms
+    cache_hit: bool | None  # the query vector came from the query cache (None: no embedding)
+    cache_source: str | None  # "memory", "database" or "model"
+    model: str | None  # the embedding model of the query vector
+
+
+@dataclass(frozen=True)
+class _Row:
+    id: int | None
+    doc_type: str | None
+    source_key: str | None
+    text: str | None
+    metadata: dict[str, Any] | None
+    score: float | None
+    distance: float | None
+    vector_rank: int | None
+    text_rank: int | None
+    text_score: float | None
+    parent_id: int | None
+    parent_source_key: str | None
+    parent_text: str | None
+    scan: str | None
+    stats: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    """A validated search: what ``build_statement`` needs and the statement's parameters."""
+
+    mode: Mode
+    has_filter: bool
+    with_stats: bool
+    check_model: bool
+    where: sql.Composable
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- builders (no I/O)
+
+
+def _vector_ctes(where: sql.Composable, has_filter: bool) -> sql.Composed:
+    if not has_filter:
+        return sql.SQL(
+            """
+counted as (select null::bigint as n),
+vec as (
+    select u.id, u.distance, row_number() over (order by u.distance, u.id)::integer as rank
+    from (select c.id, c.embedding <=> (select v from q) as distance
+          from pgrag.chunks c
+          order by c.embedding <=> (select v from q)
+          limit %(kc)s) u),"""
+        ).format()
+    return sql.SQL(
+        """
+counted as materialized (
+    select count(*) as n
+    from (select from pgrag.chunks c
+          where {where} and c.embedding is not null
+          limit %(exact_threshold)s) s),
+vec_exact as (
+    select c.id, c.embedding <=> (select v from q) as distance
+    from pgrag.chunks c
+    where {where} and c.embedding is not null
+      and (select n from counted) < %(exact_threshold)s
+    order by (c.embedding <=> (select v from q)) + 0, c.id
+    limit %(kc)s),
+vec_index as materialized (
+    select c.id, c.embedding <=> (select v from q) as distance
+    from pgrag.chunks c
+    where {where} and (select n from counted) >= %(exact_threshold)s
+    order by c.embedding <=> (select v from q)
+    limit %(kc)s),
+vec as (
+    select u.id, u.distance, row_number() over (order by u.distance, u.id)::integer as rank
+    from (select * from vec_exact union all select * from vec_index) u),"""
+    ).format(where=where)
+
+
+def _text_ctes(where: sql.Composable) -> sql.Composed:
+    return sql.SQL(
+        """
+tq as materialized (select pgrag.text_query(%(text)s, %(match)s) as q),
+fts_rows as (
+    select c.id, c.tsv
+    from pgrag.chunks c
+    where c.tsv @@ (select q from tq) and {where}
+    limit %(fts_limit)s),
+fts as (
+    select r.id, ts_rank_cd(r.tsv, (select q from tq)) as score,
+           row_number() over (order by ts_rank_cd(r.tsv, (select q from tq)) desc,
+                              r.id)::integer as rank
+    from fts_rows r
+    order by rank
+    limit %(kc)s),"""
+    ).format(where=where)
+
+
+_FUSED: dict[Mode, sql.SQL] = {
+    "vector": sql.SQL(
+        """
+fused as (
+    select v.id, 1 - v.distance as score, v.distance, v.rank as vector_rank,
+           null::integer as text_rank, null::real as text_score
+    from vec v order by v.rank limit %(k)s),"""
+    ),
+    "text": sql.SQL(
+        """
+fused as (
+    select f.id, f.score::double precision as score, null::double precision as distance,
+           null::integer as vector_rank, f.rank as text_rank, f.score as text_score
+    from fts f order by f.rank limit %(k)s),"""
+    ),
+    "hybrid": sql.SQL(
+        """
+fused as (
+    select coalesce(v.id, f.id) as id,
+           coalesce(1.0 / (%(rrf_k)s + v.rank), 0) + coalesce(1.0 / (%(rrf_k)s + f.rank), 0)
+               as score,
+           v.distance, v.rank as vector_rank, f.rank as text_rank, f.score as text_score
+    from vec v full outer join fts f on f.id = v.id
+    order by 2 desc, 1 limit %(k)s),"""
+    ),
+}
+
+
+def _stats_cte(req: SearchRequest) -> sql.Composed:
+    guard = (
+        sql.SQL("pgrag.check_embedder(%(model)s, %(dim)s)")
+        if req.check_model
+        else sql.SQL("pgrag.check_dimension(%(dim)s)")
+    )
+    if req.mode == "text":
+        guard = sql.SQL("null")
+    if not req.with_stats:
+        return sql.SQL(
+            "\nguard as materialized (select {guard} as ok),"
+            "\nstats as (select null::jsonb as stats from guard),"
+        ).format(guard=guard)
+    doc_types = sql.SQL(
+        "where %(doc_types)s::text[] is null or s.doc_type = any(%(doc_types)s::text[])"
+    )
+    return sql.SQL(
+        """
+guard as materialized (select {guard} as ok),
+stats as (
+    select coalesce(jsonb_object_agg(s.doc_type, pgrag.doc_type_stats(
+               s.doc_type,
+               array(select c.id from pgrag.chunks c
+                     where c.doc_type = s.doc_type and {where}))), '{{}}'::jsonb) as stats
+    from pgrag.doc_stats s cross join guard
+    {doc_types}),"""
+    ).format(guard=guard, where=req.where, doc_types=doc_types)
+
+
+def build_statement(req: SearchRequest) -> sql.Composed:
+    """The one search statement for ``req`` (no I/O). Parameters: ``req.params``."""
+    parts: list[sql.Composable] = [sql.SQL("with")]
+    if req.mode != "text":
+        parts.append(sql.SQL("\nq as materialized (select %(qvec)s::real[]::vector as v),"))
+        parts.append(_vector_ctes(req.where, req.has_filter))
+    if req.mode != "vector":
+        parts.append(_text_ctes(req.where))
+    parts.append(_FUSED[req.mode])
+    parts.append(_stats_cte(req))
+    scan = (
+        sql.SQL("'text'::text")
+        if req.mode == "text"
+        else sql.SQL(
+            "case when (select n from counted) < %(exact_threshold)s then 'exact' else 'index' end"
+        )
+    )
+    parts.append(
+        sql.SQL(
+            """
+hits as (
+    select c.id, c.doc_type, c.source_key, c.text, c.metadata,
+           f.score::double precision as score, f.distance::double precision as distance,
+           f.vector_rank, f.text_rank, f.text_score::real as text_score,
+           c.parent_id, p.source_key as parent_source_key, p.text as parent_text
+    from fused f
+    join pgrag.chunks c on c.id = f.id
+    left join pgrag.chunks p on p.id = c.parent_id)
+select h.*, {scan} as scan, st.stats
+from stats st
+left join hits h on true
+order by h.score desc nulls last, h.id"""
+        ).format(scan=scan)
+    )
+    return sql.Composed(parts)
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _check_int(name: str, value: int, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"{name} = {value!r} is out of range: use {low} to {high:,}")
+    return value
+
+
+def make_request(
+    *,
+    mode: Mode,
+    text: str | None,
+    vector: Sequence[float] | np.ndarray[Any, Any] | None,
+    model: str | None,
+    filter: Mapping[str, Any] | None,
+    schema: Mapping[str, str] | None,
+    doc_types: Sequence[str] | None,
+    k: int,
+    stats: bool,
+    match: Match,
+    candidates: int | None,
+    ef_search: int | None,
+    exact_threshold: int,
+    rrf_k: int,
+    fts_limit: int,
+) -> SearchRequest:
+    """Validate a search and compile its filter; ``schema`` is the searched types' metadata."""
+    if mode not in MODES:
+        raise ConfigError(f"search mode {mode!r} is unknown: use one of {', '.join(MODES)}")
+    if match not in MATCHES:
+        raise ConfigError(f"text match {match!r} is unknown: use all (every word) or any")
+    _check_int("k", k, 1, MAX_K)
+    _check_int("exact_threshold", exact_threshold, 0, 100_000_000)
+    _check_int("rrf_k", rrf_k, 1, 100_000)
+    _check_int("fts_limit", fts_limit, 1, 100_000_000)
+    kc = max(candidates if candidates is not None else (2 * k if mode == "vector" else 4 * k), k)
+    _check_int("candidates", kc, 1, MAX_K * 4)
+    ef = max(ef_search if ef_search is not None else 2 * kc, kc, MIN_EF_SEARCH)
+    _check_int("ef_search", ef, 1, 1000)
+    params: dict[str, Any] = {
+        "k": k,
+        "kc": kc,
+        "exact_threshold": exact_threshold,
+        "rrf_k": rrf_k,
+        "fts_limit": fts_limit,
+        "match": match,
+        "text": text,
+        "model": model,
+        "doc_types": list(doc_types) if doc_types is not None else None,
+        "ef_search": str(ef),
+        "max_scan_tuples": str(max(MIN_MAX_SCAN_TUPLES, 200 * kc)),
+    }
+    if mode != "text":
+        if vector is None:
+            raise ConfigError(
+                f"a {mode} search needs a query vector: pass vector=... or a question and an "
+                "embedder, or search with mode='text'"
+            )
+        arr = np.asarray(vector, dtype=np.float32).ravel()
+        if arr.size == 0 or not np.all(np.isfinite(arr)):
+            raise ConfigError("the query vector is empty or holds NaN/infinity: embed again")
+        params["qvec"] = arr.tolist()
+        params["dim"] = int(arr.size)
+    if mode != "vector" and not (text and text.strip()):
+        raise ConfigError(f"a {mode} search needs a search text: pass the question")
+    compiled = compile_filter(
+        filter or None, schema or {}, column=METADATA, doc_type_column=DOC_TYPE
+    )
+    where: sql.Composable = compiled
+    has_filter = bool(filter)
+    if doc_types is not None:
+        if not doc_types:
+            raise ConfigError("doc_types is empty: pass None to search every document type")
+        where = sql.SQL("({}) and {} = any(%(doc_types)s::text[])").format(compiled, DOC_TYPE)
+        has_filter = True
+    params.update(compiled.params)
+    return SearchRequest(
+        mode=mode,
+        has_filter=has_filter,
+        with_stats=stats,
+        check_model=model is not None,
+        where=where,
+        params=params,
+    )
+
+
+# ---------------------------------------------------------------- metadata schemas (cached)
+
+_SCHEMAS: dict[tuple[str, str, str], tuple[float, dict[str, dict[str, str]]]] = {}
+_SCHEMAS_LOCK = threading.Lock()
+_SCHEMA_QUERY: LiteralString = "select name, metadata_schema from pgrag.doc_types"
+
+
+def _db_key(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> tuple[str, str, str]:
+    info = conn.info
+    return (str(info.host), str(info.port), str(info.dbname))
+
+
+def _cached_schemas(key: tuple[str, str, str]) -> dict[str, dict[str, str]] | None:
+    with _SCHEMAS_LOCK:
+        hit = _SCHEMAS.get(key)
+    if hit is None or time.monotonic() - hit[0] > SCHEMA_TTL_S:
+        return None
+    return hit[1]
+
+
+def _store_schemas(key: tuple[str, str, str], rows: list[tuple[Any, ...]]) -> dict[str, Any]:
+    schemas = {str(r[0]): dict(r[1]) for r in rows}
+    with _SCHEMAS_LOCK:
+        _SCHEMAS[key] = (time.monotonic(), schemas)
+    return schemas
+
+
+def forget_schemas() -> None:
+    """Drop the cached document-type schemas (they refresh by themselves after 30 s)."""
+    with _SCHEMAS_LOCK:
+        _SCHEMAS.clear()
+
+
+def schema_for(
+    schemas: Mapping[str, Mapping[str, str]], doc_types: Sequence[str] | None
+) -> dict[str, str]:
+    """The union of the metadata schemas of ``doc_types`` (all declared types when None)."""
+    names = list(schemas) if doc_types is None else list(doc_types)
+    unknown = [n for n in names if n not in schemas]
+    if unknown:
+        known = ", ".join(sorted(schemas)) or "none"
+        raise InvalidFilter(
+            f"document type {unknown[0]} is not declared (declared: {known}): "
+            "pick a declared type, or run `pgrag documents list`"
+        )
+    return union_schema(schemas[n] for n in names)
+
+
+# ---------------------------------------------------------------- embedding
+
+_CACHES: dict[str, QueryCache] = {}
+_CACHES_LOCK = threading.Lock()
+
+
+def query_cache_for(embedder: str | Embedder | None = None) -> QueryCache:
+    """A process-wide QueryCache for an embedder spec (None: PGRAG_EMBEDDER or the default)."""
+    from pgrag.embed.base import ENV_EMBEDDER, get_embedder
+    from pgrag.embed.cache import QueryCache
+
+    if embedder is not None and not isinstance(embedder, str):
+        return QueryCache(embedder)
+    import os
+
+    spec = embedder or os.environ.get(ENV_EMBEDDER) or "sentence-transformers"
+    with _CACHES_LOCK:
+        cache = _CACHES.get(spec)
+        if cache is None:
+            cache = QueryCache(get_embedder(spec))
+            _CACHES[spec] = cache
+        return cache
+
+
+# ---------------------------------------------------------------- running it
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 3)
+
+
+def _result(
+    rows: list[_Row], timings: dict[str, float], qv: QueryVector | None, mode: Mode
+) -> SearchResult:
+    hits = tuple(
+        SearchHit(
+            id=int(r.id),
+            doc_type=str(r.doc_type),
+            source_key=str(r.source_key),
+            text=str(r.text),
+            metadata=dict(r.metadata or {}),
+            score=float(r.score or 0.0),
+            distance=r.distance,
+            vector_rank=r.vector_rank,
+            text_rank=r.text_rank,
+            text_score=r.text_score,
+            parent_id=r.parent_id,
+            parent_source_key=r.parent_source_key,
+            parent_text=r.parent_text,
+        )
+        for r in rows
+        if r.id is not None
+    )
+    scan = rows[0].scan if rows and rows[0].scan else ("text" if mode == "text" else "index")
+    return SearchResult(
+        hits=hits,
+        stats=rows[0].stats if rows else None,
+        scan=scan,
+        timings=timings,
+        cache_hit=None if qv is None else qv.cache_hit,
+        cache_source=None if qv is None else qv.source,
+        model=None if qv is None else qv.model,
+    )
+
+
+def _database_error(exc: psycopg.Error) -> Exception:
+    mapped = from_database(exc)
+    if mapped is not None:
+        return mapped
+    if isinstance(exc, psycopg.errors.UndefinedTable | psycopg.errors.UndefinedFunction):
+        return NotMigrated(
+            f"this database lacks pgrag's search functions ({str(exc).splitlines()[0]}): "
+            "run `pgrag db upgrade`"
+        )
+    return exc
+
+
+def search(
+    target: Client | psycopg.Connection[Any],
+    query: str | None = None,
+    *,
+    vector: Sequence[float] | np.ndarray[Any, Any] | None = None,
+    model: str | None = None,
+    filter: Mapping[str, Any] | None = None,
+    doc_types: Sequence[str] | None = None,
+    k: int = DEFAULT_K,
+    mode: Mode = "hybrid",
+    stats: bool = False,
+    match: Match | None = None,
+    candidates: int | None = None,
+    ef_search: int | None = None,
+    exact_threshold: int = EXACT_THRESHOLD,
+    rrf_k: int = RRF_K,
+    fts_limit: int = FTS_LIMIT,
+    embedder: str | Embedder | QueryCache | None = None,
+    schema: Mapping[str, str] | None = None,
+) -> SearchResult:
+    """Search the chunks in one statement; see the module docstring.
+
+    ``query`` is the question (full text, and embedded through the query cache when no
+    ``vector`` is given: ``embedder`` is a QueryCache, an Embedder or a spec, default
+    PGRAG_EMBEDDER / the bundled model). ``vector`` with ``model`` (its model's name) skips the
+    embedding; the store refuses a vector of another model (ModelMismatch) or dimension.
+    ``filter`` is the JSON filter language (pgrag.filters), ``doc_types`` limits the types,
+    ``stats`` adds each type's exact statistics over every matching chunk.
+    """
+    from pgrag.db import Client
+
+    if isinstance(target, Client):
+        with target.connection() as conn:
+            return search(
+                conn,
+                query,
+                vector=vector,
+                model=model,
+                filter=filter,
+                doc_types=doc_types,
+                k=k,
+                mode=mode,
+                stats=stats,
+                match=match,
+                candidates=candidates,
+                ef_search=ef_search,
+                exact_threshold=exact_threshold,
+                rrf_k=rrf_k,
+                fts_limit=fts_limit,
+                embedder=embedder,
+                schema=schema,
+            )
+    conn = target
+    started = time.perf_counter()
+    qv: QueryVector | None = None
+    timings: dict[str, float] = {}
+    try:
+        if mode != "text" and vector is None and query:
+            qv = _query_cache(embedder).embed(conn, query)
+            vector, model = qv.vector, qv.model
+            timings["embed_ms"] = _ms(qv.seconds)
+        req = _request_sync(
+            conn,
+            mode=mode,
+            text=query,
+            vector=vector,
+            model=model,
+            filter=filter,
+            schema=schema,
+            doc_types=doc_types,
+            k=k,
+            stats=stats,
+            match=match or ("all" if mode == "text" else "any"),
+            candidates=candidates,
+            ef_search=ef_search,
+            exact_threshold=exact_threshold,
+            rrf_k=rrf_k,
+            fts_limit=fts_limit,
+        )
+        statement = build_statement(req)
+        t0 = time.perf_counter()
+        with (
+            conn.transaction() if conn.autocommit else contextlib.nullcontext(),
+            conn.pipeline(),
+            conn.cursor(row_factory=class_row(_Row)) as cur,
+        ):
+            if req.mode != "text":
+                conn.execute(SETTINGS, req.params)
+            cur.execute(statement, req.params)
+            rows = cur.fetchall()
+        timings["search_ms"] = _ms(time.perf_counter() - t0)
+    except psycopg.Error as exc:
+        raise _database_error(exc) from exc
+    timings["total_ms"] = _ms(time.perf_counter() - started)
+    return _result(rows, timings, qv, mode)
+
+
+def _query_cache(embedder: str | Embedder | QueryCache | None) -> QueryCache:
+    from pgrag.embed.cache import QueryCache
+
+    if isinstance(embedder, QueryCache):
+        return embedder
+    return query_cache_for(embedder)
+
+
+def _request_sync(conn: psycopg.Connection[Any], **kw: Any) -> SearchRequest:
+    filter = kw["filter"]
+    if kw["schema"] is not None or not filter:
+        return make_request(**kw)
+    key = _db_key(conn)
+    for attempt in range(2):
+        schemas = _cached_schemas(key) if attempt == 0 else None
+        if schemas is None:
+            schemas = _store_schemas(key, conn.execute(_SCHEMA_QUERY).fetchall())
+        try:
+            return make_request(**{**kw, "schema": schema_for(schemas, kw["doc_types"])})
+        except InvalidFilter:
+            if attempt == 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def _request_async(conn: psycopg.AsyncConnection[Any], **kw: Any) -> SearchRequest:
+    filter = kw["filter"]
+    if kw["schema"] is not None or not filter:
+        return make_request(**kw)
+    key = _db_key(conn)
+    for attempt in range(2):
+        schemas = _cached_schemas(key) if attempt == 0 else None
+        if schemas is None:
+            cur = await conn.execute(_SCHEMA_QUERY)
+            schemas = _store_schemas(key, await cur.fetchall())
+        try:
+            return make_request(**{**kw, "schema": schema_for(schemas, kw["doc_types"])})
+        except InvalidFilter:
+            if attempt == 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def asearch(
+    conn: psycopg.AsyncConnection[Any],
+    query: str | None = None,
+    *,
+    vector: Sequence[float] | np.ndarray[Any, Any] | None = None,
+    model: str | None = None,
+    filter: Mapping[str, Any] | None = None,
+    doc_types: Sequence[str] | None = None,
+    k: int = DEFAULT_K,
+    mode: Mode = "hybrid",
+    stats: bool = False,
+    match: Match | None = None,
+    candidates: int | None = None,
+    ef_search: int | None = None,
+    exact_threshold: int = EXACT_THRESHOLD,
+    rrf_k: int = RRF_K,
+    fts_limit: int = FTS_LIMIT,
+    embedder: str | Embedder | QueryCache | None = None,
+    schema: Mapping[str, str] | None = None,
+) -> SearchResult:
+    """``search`` on an async connection: the same statement, the same results."""
+    started = time.perf_counter()
+    qv: QueryVector | None = None
+    timings: dict[str, float] = {}
+    try:
+        if mode != "text" and vector is None and query:
+            qv = await _query_cache(embedder).aembed(conn, query)
+            vector, model = qv.vector, qv.model
+            timings["embed_ms"] = _ms(qv.seconds)
+        req = await _request_async(
+            conn,
+            mode=mode,
+            text=query,
+            vector=vector,
+            model=model,
+            filter=filter,
+            schema=schema,
+            doc_types=doc_types,
+            k=k,
+            stats=stats,
+            match=match or ("all" if mode == "text" else "any"),
+            candidates=candidates,
+            ef_search=ef_search,
+            exact_threshold=exact_threshold,
+            rrf_k=rrf_k,
+            fts_limit=fts_limit,
+        )
+        statement = build_statement(req)
+        t0 = time.perf_counter()
+        async with (
+            conn.transaction(),
+            conn.pipeline(),
+            conn.cursor(row_factory=class_row(_Row)) as cur,
+        ):
+            if req.mode != "text":
+                await conn.execute(SETTINGS, req.params)
+            await cur.execute(statement, req.params)
+            rows = await cur.fetchall()
+        timings["search_ms"] = _ms(time.perf_counter() - t0)
+    except psycopg.Error as exc:
+        raise _database_error(exc) from exc
+    timings["total_ms"] = _ms(time.perf_counter() - started)
+    return _result(rows, timings, qv, mode)
+
+
+# ---------------------------------------------------------------- stats and context
+
+
+@dataclass(frozen=True)
+class ContextRow:
+    relation: str  # "chunk", "parent", "child" or "sibling"
+    id: int
+    doc_type: str
+    source_key: str
+    parent_id: int | None
+    text: str
+    metadata: dict[str, Any]
+
+
+def declare_stats(conn: psycopg.Connection[Any], doc_type: str, stats_sql: str | None) -> None:
+    """Declare (None: remove) a document type's exact statistics (``pgrag.declare_stats``)."""
+    try:
+        conn.execute("select pgrag.declare_stats(%s, %s)", (doc_type, stats_sql))
+    except psycopg.Error as exc:
+        raise _database_error(exc) from exc
+
+
+def declare_sample_stats(conn: psycopg.Connection[Any]) -> None:
+    """Declare the sample shop's statistics (``sql/sample/shop_stats.sql``; after its types)."""
+    from pgrag import migrate
+
+    try:
+        with conn.transaction():
+            migrate.run_sql_file(conn, migrate.sql_dir() / "sample" / "shop_stats.sql")
+    except psycopg.Error as exc:
+        raise _database_error(exc) from exc
+
+
+def build_stats_statement(where: sql.Composable) -> sql.Composed:
+    """Exact statistics of every chunk matching ``where`` (alias c), per document type."""
+    return sql.SQL(
+        "select coalesce(jsonb_object_agg(s.doc_type, pgrag.doc_type_stats(s.doc_type, "
+        "array(select c.id from pgrag.chunks c where c.doc_type = s.doc_type and {where}))), "
+        "'{{}}'::jsonb) from pgrag.doc_stats s "
+        "where %(doc_types)s::text[] is null or s.doc_type = any(%(doc_types)s::text[])"
+    ).format(where=where)
+
+
+def stats(
+    target: Client | psycopg.Connection[Any],
+    *,
+    filter: Mapping[str, Any] | None = None,
+    doc_types: Sequence[str] | None = None,
+    schema: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Exact statistics for a filter without a search: ``{doc_type: {...}}``."""
+    from pgrag.db import Client
+
+    if isinstance(target, Client):
+        with target.connection() as conn:
+            return stats(conn, filter=filter, doc_types=doc_types, schema=schema)
+    try:
+        req = _request_sync(
+            target,
+            mode="text",
+            text="stats",
+            vector=None,
+            model=None,
+            filter=filter,
+            schema=schema,
+            doc_types=doc_types,
+            k=1,
+            stats=True,
+            match="all",
+            candidates=None,
+            ef_search=None,
+            exact_threshold=EXACT_THRESHOLD,
+            rrf_k=RRF_K,
+            fts_limit=FTS_LIMIT,
+        )
+        row = target.execute(build_stats_statement(req.where), req.params).fetchone()
+    except psycopg.Error as exc:
+        raise _database_error(exc) from exc
+    return dict(row[0]) if row and row[0] else {}
+
+
+def context(
+    target: Client | psycopg.Connection[Any], chunk_id: int, *, max_children: int = 20
+) -> list[ContextRow]:
+    """A chunk with its parent, children and siblings (``pgrag.context``)."""
+    from pgrag.db import Client
+
+    if isinstance(target, Client):
+        with target.connection() as conn:
+            return context(conn, chunk_id, max_children=max_children)
+    try:
+        with target.cursor(row_factory=class_row(ContextRow)) as cur:
+            return cur.execute(
+                "select * from pgrag.context(%s, %s)", (chunk_id, max_children)
+            ).fetchall()
+    except psycopg.Error as exc:
+        raise _database_error(exc) from exc
+
+
+__all__ = [
+    "CompiledFilter",
+    "ContextRow",
+    "Match",
+    "Mode",
+    "SearchHit",
+    "SearchRequest",
+    "SearchResult",
+    "asearch",
+    "build_statement",
+    "build_stats_statement",
+    "context",
+    "declare_sample_stats",
+    "declare_stats",
+    "forget_schemas",
+    "make_request",
+    "query_cache_for",
+    "schema_for",
+    "search",
+    "stats",
+]

@@ -1,0 +1,394 @@
+-- Search: vector (HNSW, filtered with iterative scans or an exact scan), full text, reciprocal
+-- rank fusion, exact statistics per document type, and context expansion. Re-applied by every
+-- migration that reaches head. Every function: schema pgrag, declared volatility, security
+-- invoker, fixed search_path. SQLSTATEs (pgrag/errors.py): PR002 dimension mismatch,
+-- PR003 invalid declaration, PR006 invalid argument.
+--
+-- The Python client (pgrag/search.py) builds the same statement with psycopg.sql, with the full
+-- filter language in its WHERE; these functions take a metadata containment filter
+-- (`metadata @> filter`) and a list of document types. docs/search.md explains the statement.
+--
+-- pgvector's operators live in the extension's schema, which the fixed search path does not
+-- hold: the statements are built with format() and OPERATOR(<schema>.<=>).
+
+create or replace function pgrag.text_query(query_text text, match text default 'all')
+returns tsquery
+language plpgsql stable parallel safe security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if match = 'all' then
+        -- web search syntax: words all required, "quoted phrases", or, -negation
+        return websearch_to_tsquery('english'::regconfig, query_text);
+    elsif match = 'any' then
+        -- any of the question's words (stemmed, stop words dropped): for natural-language
+        -- questions, where requiring every word usually matches nothing
+        return (select string_agg(quote_literal(l), ' | ' order by l)::tsquery
+                from unnest(tsvector_to_array(to_tsvector('english'::regconfig, query_text))) l);
+    end if;
+    raise exception using
+        errcode = 'PR006',
+        message = format('text match %L is not all or any', match),
+        hint = 'use match => ''all'' (every word, web search syntax) or ''any'' (any word)';
+end
+$$;
+
+comment on function pgrag.text_query(text, text) is
+    'The tsquery of a search text: all = websearch_to_tsquery (every word), any = any word';
+
+create or replace function pgrag.declare_stats(doc_type text, stats_sql text)
+returns void
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if not exists (select 1 from pgrag.doc_types t where t.name = declare_stats.doc_type) then
+        raise exception using
+            errcode = 'PR003',
+            message = format('document type %s is not declared', doc_type),
+            hint = 'declare it first with pgrag.declare_document, then its statistics';
+    end if;
+    if stats_sql is null then
+        delete from pgrag.doc_stats s where s.doc_type = declare_stats.doc_type;
+        return;
+    end if;
+    -- Compile and run it once over no rows: a query that does not parse, names a missing
+    -- table, or does not return one jsonb column fails here, not in a user's search.
+    begin
+        execute format(
+            'with hits as (select c.id, c.doc_type, c.source_key, c.parent_id, c.parent_key, '
+            'c.metadata, c.text from pgrag.chunks c where false) '
+            'select s.stats::jsonb from (%s) as s(stats)', stats_sql);
+    exception when others then
+        raise exception using
+            errcode = 'PR003',
+            message = format('the statistics query of %s does not work over no rows: %s',
+                             doc_type, sqlerrm),
+            hint = 'write one SELECT returning one jsonb over the CTE hits (id, doc_type, '
+                   'source_key, parent_id, parent_key, metadata, text), schema-qualifying tables';
+    end;
+    insert into pgrag.doc_stats as s (doc_type, stats_sql)
+    values (declare_stats.doc_type, stats_sql)
+    on conflict on constraint doc_stats_pkey
+    do update set stats_sql = excluded.stats_sql, updated_at = now();
+end
+$$;
+
+comment on function pgrag.declare_stats(text, text) is
+    'Declare (or, with NULL, remove) the exact statistics of a document type: a SELECT over the '
+    'CTE hits returning one jsonb';
+
+create or replace function pgrag.doc_type_stats(doc_type text, chunk_ids bigint[])
+returns jsonb
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    body text;
+    result jsonb;
+begin
+    select s.stats_sql into body from pgrag.doc_stats s where s.doc_type = doc_type_stats.doc_type;
+    if body is null then
+        return null;
+    end if;
+    execute format(
+        'with hits as materialized (select c.id, c.doc_type, c.source_key, c.parent_id, '
+        'c.parent_key, c.metadata, c.text from pgrag.chunks c '
+        'where c.id = any($1) and c.doc_type = $2) '
+        'select s.stats::jsonb from (%s) as s(stats)', body)
+        into result using chunk_ids, doc_type;
+    return result;
+end
+$$;
+
+comment on function pgrag.doc_type_stats(text, bigint[]) is
+    'Run the declared statistics query of a document type over the given chunks (the CTE hits)';
+
+create or replace function pgrag.stats(filter jsonb default null, doc_types text[] default null)
+returns jsonb
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+    select coalesce(jsonb_object_agg(s.doc_type, pgrag.doc_type_stats(
+               s.doc_type,
+               array(select c.id from pgrag.chunks c
+                     where c.doc_type = s.doc_type
+                       and (filter is null or c.metadata @> filter)))), '{}'::jsonb)
+    from pgrag.doc_stats s
+    where doc_types is null or s.doc_type = any(doc_types)
+$$;
+
+comment on function pgrag.stats(jsonb, text[]) is
+    'Exact statistics over every chunk matching metadata @> filter, per document type with '
+    'declared statistics: {"doc_type": {...}, ...}';
+
+create or replace function pgrag.context(chunk_id bigint, max_children integer default 20)
+returns table (relation text, id bigint, doc_type text, source_key text, parent_id bigint,
+               text text, metadata jsonb)
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+    select 'chunk', c.id, c.doc_type, c.source_key, c.parent_id, c.text, c.metadata
+    from pgrag.chunks c where c.id = chunk_id
+    union all
+    select 'parent', p.id, p.doc_type, p.source_key, p.parent_id, p.text, p.metadata
+    from pgrag.chunks c join pgrag.chunks p on p.id = c.parent_id where c.id = chunk_id
+    union all
+    (select 'child', k.id, k.doc_type, k.source_key, k.parent_id, k.text, k.metadata
+     from pgrag.chunks k where k.parent_id = chunk_id
+     order by k.id limit max_children)
+    union all
+    (select 'sibling', s.id, s.doc_type, s.source_key, s.parent_id, s.text, s.metadata
+     from pgrag.chunks c join pgrag.chunks s on s.parent_id = c.parent_id and s.id <> c.id
+     where c.id = chunk_id
+     order by s.id limit max_children)
+$$;
+
+comment on function pgrag.context(bigint, integer) is
+    'A chunk with its parent, its children and its siblings (up to max_children each)';
+
+-- The one statement behind search, hybrid_search and text_search (and the shape pgrag/search.py
+-- builds). mode: vector, hybrid or text.
+--   vec_exact / vec_index: gated on `counted` (the filter's matching rows, counted up to
+--   exact_threshold): a filter matching fewer rows is searched exactly (every matching vector),
+--   otherwise the HNSW index runs with an iterative scan until k candidates pass the filter.
+--   fts: full-text matches ranked by ts_rank_cd (the first fts_limit matching rows).
+--   fused: reciprocal rank fusion, 1 / (rrf_k + rank) summed over the two lists.
+create or replace function pgrag.run_search(
+    mode text,
+    query_text text,
+    query_embedding vector,
+    k integer,
+    filter jsonb,
+    doc_types text[],
+    match text,
+    candidates integer,
+    ef_search integer,
+    exact_threshold integer,
+    rrf_k integer,
+    fts_limit integer)
+returns table (id bigint, doc_type text, source_key text, text text, metadata jsonb,
+               score double precision, distance double precision, vector_rank integer,
+               text_rank integer, text_score real, parent_id bigint, parent_source_key text,
+               parent_text text, scan text)
+language plpgsql volatile security invoker
+-- The function's SET clauses make the set_config(..., true) calls below local to the call:
+-- the caller's settings are restored when it returns.
+set search_path = pg_catalog, pg_temp
+set hnsw.iterative_scan = 'relaxed_order'
+set hnsw.ef_search = 40
+set hnsw.max_scan_tuples = 20000
+as $$
+declare
+    vs name;
+    op text;
+    where_sql text := 'true';
+    has_filter boolean := filter is not null or doc_types is not null;
+    kc integer;
+    stmt text;
+begin
+    if mode not in ('vector', 'hybrid', 'text') then
+        raise exception using errcode = 'PR006',
+            message = format('search mode %L is not vector, hybrid or text', mode),
+            hint = 'call pgrag.search, pgrag.hybrid_search or pgrag.text_search';
+    end if;
+    if k is null or k < 1 or k > 10000 then
+        raise exception using errcode = 'PR006',
+            message = format('k = %s is out of range', k),
+            hint = 'ask for 1 to 10000 results';
+    end if;
+    if mode <> 'text' then
+        if query_embedding is null then
+            raise exception using errcode = 'PR006',
+                message = 'query_embedding is null',
+                hint = 'pass the question''s embedding from the store''s model (or use pgrag.text_search)';
+        end if;
+        perform pgrag.check_dimension(cardinality(query_embedding::real[]));
+    end if;
+    if mode <> 'vector' and query_text is null then
+        raise exception using errcode = 'PR006',
+            message = 'query_text is null',
+            hint = 'pass the search text (or use pgrag.search with an embedding)';
+    end if;
+    if filter is not null and jsonb_typeof(filter) <> 'object' then
+        raise exception using errcode = 'PR005',
+            message = format('filter %s is not a JSON object', filter),
+            hint = 'pass a containment filter like ''{"segment": "VIP"}''::jsonb';
+    end if;
+    exact_threshold := coalesce(exact_threshold, 2000);
+    kc := greatest(coalesce(candidates, case when mode = 'vector' then 2 * k else 4 * k end), k);
+    select n.nspname into strict vs
+    from pg_catalog.pg_extension e join pg_catalog.pg_namespace n on n.oid = e.extnamespace
+    where e.extname = 'vector';
+    op := format('OPERATOR(%I.<=>)', vs);
+    if filter is not null then
+        where_sql := where_sql || ' and c.metadata @> $5';
+    end if;
+    if doc_types is not null then
+        where_sql := where_sql || ' and c.doc_type = any($6)';
+    end if;
+    perform set_config('hnsw.ef_search',
+                       greatest(coalesce(ef_search, 2 * kc), kc, 40)::text, true);
+    perform set_config('hnsw.max_scan_tuples',
+                       greatest(20000, 200 * kc)::text, true);
+    stmt := 'with ';
+    if mode <> 'text' then
+        if has_filter then
+            stmt := stmt || format($f$
+counted as materialized (
+    select count(*) as n
+    from (select from pgrag.chunks c where %1$s and c.embedding is not null limit $10) s),
+vec_exact as (
+    select c.id, c.embedding %2$s $3 as distance
+    from pgrag.chunks c
+    where %1$s and c.embedding is not null and (select n from counted) < $10
+    order by (c.embedding %2$s $3) + 0, c.id
+    limit $8),
+vec_index as materialized (
+    select c.id, c.embedding %2$s $3 as distance
+    from pgrag.chunks c
+    where %1$s and (select n from counted) >= $10
+    order by c.embedding %2$s $3
+    limit $8),
+vec as (
+    select u.id, u.distance, row_number() over (order by u.distance, u.id)::integer as rank
+    from (select * from vec_exact union all select * from vec_index) u),
+$f$, where_sql, op);
+        else
+            stmt := stmt || format($f$
+counted as (select null::bigint as n),
+vec_index as materialized (
+    select c.id, c.embedding %1$s $3 as distance
+    from pgrag.chunks c
+    order by c.embedding %1$s $3
+    limit $8),
+vec as (
+    select u.id, u.distance, row_number() over (order by u.distance, u.id)::integer as rank
+    from vec_index u),
+$f$, op);
+        end if;
+    end if;
+    if mode <> 'vector' then
+        stmt := stmt || format($f$
+tq as materialized (select pgrag.text_query($2, $7) as q),
+fts_rows as (
+    select c.id, c.tsv
+    from pgrag.chunks c
+    where c.tsv @@ (select q from tq) and %1$s
+    limit $12),
+fts as (
+    select r.id, ts_rank_cd(r.tsv, (select q from tq)) as score,
+           row_number() over (order by ts_rank_cd(r.tsv, (select q from tq)) desc, r.id)::integer as rank
+    from fts_rows r
+    order by rank
+    limit $8),
+$f$, where_sql);
+    end if;
+    stmt := stmt || case mode
+        when 'vector' then $f$
+fused as (
+    select v.id, 1 - v.distance as score, v.distance, v.rank as vector_rank,
+           null::integer as text_rank, null::real as text_score
+    from vec v order by v.rank limit $4)
+$f$
+        when 'text' then $f$
+fused as (
+    select f.id, f.score::double precision as score, null::double precision as distance,
+           null::integer as vector_rank, f.rank as text_rank, f.score as text_score
+    from fts f order by f.rank limit $4)
+$f$
+        else $f$
+fused as (
+    select coalesce(v.id, f.id) as id,
+           coalesce(1.0 / ($11 + v.rank), 0) + coalesce(1.0 / ($11 + f.rank), 0) as score,
+           v.distance, v.rank as vector_rank, f.rank as text_rank, f.score as text_score
+    from vec v full outer join fts f on f.id = v.id
+    order by 2 desc, 1 limit $4)
+$f$ end;
+    stmt := stmt || format($f$
+select c.id, c.doc_type, c.source_key, c.text, c.metadata, f.score::double precision,
+       f.distance::double precision, f.vector_rank, f.text_rank, f.text_score::real,
+       c.parent_id, p.source_key, p.text,
+       %1$s
+from fused f
+join pgrag.chunks c on c.id = f.id
+left join pgrag.chunks p on p.id = c.parent_id
+order by f.score desc, f.id
+$f$, case when mode = 'text' then '''text''::text'
+          else 'case when (select n from counted) < $10 then ''exact'' else ''index'' end' end);
+    return query execute stmt
+        using mode, query_text, query_embedding, k, filter, doc_types, match, kc, ef_search,
+              exact_threshold, rrf_k, fts_limit;
+end
+$$;
+
+comment on function pgrag.run_search(text, text, vector, integer, jsonb, text[], text, integer,
+                                     integer, integer, integer, integer) is
+    'The one search statement behind pgrag.search, pgrag.hybrid_search and pgrag.text_search';
+
+create or replace function pgrag.search(
+    query_embedding vector,
+    k integer default 10,
+    filter jsonb default null,
+    doc_types text[] default null,
+    ef_search integer default null,
+    exact_threshold integer default 2000)
+returns table (id bigint, doc_type text, source_key text, text text, metadata jsonb,
+               score double precision, distance double precision, vector_rank integer,
+               text_rank integer, text_score real, parent_id bigint, parent_source_key text,
+               parent_text text, scan text)
+language sql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+    select * from pgrag.run_search('vector', null, query_embedding, k, filter, doc_types, 'all',
+                                   null, ef_search, exact_threshold, 60, 0)
+$$;
+
+comment on function pgrag.search(vector, integer, jsonb, text[], integer, integer) is
+    'The k chunks nearest to an embedding (cosine), among those matching metadata @> filter';
+
+create or replace function pgrag.hybrid_search(
+    query_text text,
+    query_embedding vector,
+    k integer default 10,
+    filter jsonb default null,
+    doc_types text[] default null,
+    match text default 'any',
+    candidates integer default null,
+    rrf_k integer default 60,
+    ef_search integer default null,
+    exact_threshold integer default 2000)
+returns table (id bigint, doc_type text, source_key text, text text, metadata jsonb,
+               score double precision, distance double precision, vector_rank integer,
+               text_rank integer, text_score real, parent_id bigint, parent_source_key text,
+               parent_text text, scan text)
+language sql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+    select * from pgrag.run_search('hybrid', query_text, query_embedding, k, filter, doc_types,
+                                   match, candidates, ef_search, exact_threshold, rrf_k, 10000)
+$$;
+
+comment on function pgrag.hybrid_search(text, vector, integer, jsonb, text[], text, integer,
+                                        integer, integer, integer) is
+    'Vector and full-text search fused by reciprocal rank (1 / (rrf_k + rank)), one statement';
+
+create or replace function pgrag.text_search(
+    query_text text,
+    k integer default 10,
+    filter jsonb default null,
+    doc_types text[] default null,
+    match text default 'all')
+returns table (id bigint, doc_type text, source_key text, text text, metadata jsonb,
+               score double precision, distance double precision, vector_rank integer,
+               text_rank integer, text_score real, parent_id bigint, parent_source_key text,
+               parent_text text, scan text)
+language sql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+    select * from pgrag.run_search('text', query_text, null, k, filter, doc_types, match,
+                                   null, null, null, 60, 10000)
+$$;
+
+comment on function pgrag.text_search(text, integer, jsonb, text[], text) is
+    'Full-text search ranked by ts_rank_cd, for stores or users without an embedder';

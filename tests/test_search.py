@@ -1,0 +1,341 @@
+"""The one-statement search: recall under filters, SQL functions = Python, stats, parents."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+from pgvector.psycopg import register_vector
+from psycopg.types.json import Jsonb
+
+from pgrag import search as s
+from pgrag.embed.base import Embedder, get_embedder
+from pgrag.errors import ConfigError, DimensionMismatch, DocumentError, InvalidFilter, ModelMismatch
+
+from .shop_fixture import load_tiny_shop
+
+DIM = 384
+ROWS = 20_000
+FILTERS = {"100%": {"all": True}, "10%": {"p10": True}, "1%": {"p1": True}, "0.1%": {"p01": True}}
+SCHEMA = {"all": "boolean", "p10": "boolean", "p1": "boolean", "p01": "boolean", "topic": "integer"}
+
+
+def _mixture(rng: np.random.Generator, centers: Any, n: int) -> Any:
+    vecs = centers[rng.integers(0, len(centers), size=n)] + rng.normal(scale=1.2, size=(n, DIM))
+    return (vecs / np.linalg.norm(vecs, axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def synthetic_url(pg_server: Any, template_db: str) -> Iterator[str]:
+    """20,000 clustered unit vectors, metadata selecting 100/10/1/0.1%, HNSW built after."""
+    from .conftest import create_database, drop_database
+
+    name = create_database(pg_server, template=template_db)
+    url = pg_server.url_for(name)
+    rng = np.random.default_rng(3)
+    centers = rng.normal(size=(100, DIM))
+    vecs = _mixture(rng, centers, ROWS)
+    pick = rng.permutation(ROWS)
+    with psycopg.connect(url) as conn:
+        register_vector(conn)
+        ddl = conn.execute(
+            "select indexdef from pg_indexes where indexname = 'chunks_embedding_hnsw'"
+        ).fetchone()
+        assert ddl is not None
+        conn.execute("drop index pgrag.chunks_embedding_hnsw")
+        conn.execute("update pgrag.settings set embedding_model = 'synthetic'")
+        with conn.cursor().copy(
+            "copy pgrag.chunks (doc_type, source_key, text, metadata, embedding) "
+            "from stdin (format binary)"
+        ) as cp:
+            cp.set_types(["text", "text", "text", "jsonb", "vector"])
+            for i in range(ROWS):
+                p = int(pick[i])
+                meta = {"all": True, "topic": i % 100, "p10": p % 10 == 0}
+                meta |= {"p1": True} if p % 100 == 0 else {}
+                meta |= {"p01": True} if p % 1000 == 0 else {}
+                words = f"item{i % 50} colour{i % 7}"
+                cp.write_row(("synthetic", str(i), f"chunk {i} {words}", Jsonb(meta), vecs[i]))
+        conn.execute(str(ddl[0]).encode())
+        conn.commit()
+        conn.autocommit = True
+        conn.execute("vacuum analyze pgrag.chunks")
+    yield url
+    drop_database(pg_server, name)
+
+
+def _queries(n: int) -> Any:
+    rng = np.random.default_rng(3)
+    centers = rng.normal(size=(100, DIM))
+    return _mixture(np.random.default_rng(99), centers, n)
+
+
+def _exact(conn: psycopg.Connection[Any], q: Any, flt: Any, k: int = 10) -> list[int]:
+    with conn.transaction():
+        conn.execute("set local enable_indexscan = off")
+        rows = conn.execute(
+            "select id from pgrag.chunks where metadata @> %s::jsonb "
+            "order by embedding <=> %s::real[]::vector limit %s",
+            (json.dumps(flt), q.tolist(), k),
+        ).fetchall()
+    return [r[0] for r in rows]
+
+
+@pytest.mark.parametrize("label", list(FILTERS))
+def test_filtered_search_returns_k_rows_with_recall(synthetic_url: str, label: str) -> None:
+    flt = FILTERS[label]
+    qs = _queries(20)
+    recalls, bare_counts, scans = [], [], set()
+    with psycopg.connect(synthetic_url) as conn:
+        for q in qs:
+            truth = _exact(conn, q, flt)
+            res = s.search(
+                conn, vector=q, model="synthetic", filter=flt, mode="vector", schema=SCHEMA
+            )
+            conn.rollback()
+            ids = [h.id for h in res.hits]
+            assert len(ids) == 10
+            recalls.append(len(set(ids) & set(truth)) / 10)
+            scans.add(res.scan)
+            bare = conn.execute(
+                "select id from pgrag.chunks where metadata @> %s::jsonb "
+                "order by embedding <=> %s::real[]::vector limit 10",
+                (json.dumps(flt), q.tolist()),
+            ).fetchall()
+            bare_counts.append(len(bare))
+            conn.rollback()
+    assert np.mean(recalls) >= 0.95, (label, np.mean(recalls))
+    # below the threshold (2,000 matching rows) the filtered rows are searched exactly
+    assert scans == ({"exact"} if label in ("1%", "0.1%") else {"index"})
+    if label == "10%":  # plain pgvector loses rows under the filter; pgrag does not
+        assert np.mean(bare_counts) < 10
+
+
+def test_sql_functions_equal_python_for_containment_filters(synthetic_url: str) -> None:
+    qs = _queries(4)
+    with psycopg.connect(synthetic_url) as conn:
+        for flt in (None, {"p10": True}, {"p1": True, "topic": 3}):
+            for q in qs:
+                text = "item3 colour4"
+                jf = None if flt is None else json.dumps(flt)
+                py = s.search(
+                    conn, vector=q, model="synthetic", filter=flt, mode="vector", schema=SCHEMA
+                )
+                rows = conn.execute(
+                    "select id, score from pgrag.search(%s::real[]::vector, 10, %s::jsonb)",
+                    (q.tolist(), jf),
+                ).fetchall()
+                assert [h.id for h in py.hits] == [r[0] for r in rows]
+                assert [h.score for h in py.hits] == pytest.approx([r[1] for r in rows])
+                py = s.search(conn, text, vector=q, model="synthetic", filter=flt, schema=SCHEMA)
+                rows = conn.execute(
+                    "select id, text_rank from pgrag.hybrid_search(%s, %s::real[]::vector, 10, "
+                    "%s::jsonb)",
+                    (text, q.tolist(), jf),
+                ).fetchall()
+                assert [(h.id, h.text_rank) for h in py.hits] == [tuple(r) for r in rows]
+                assert any(h.text_rank for h in py.hits)
+                py = s.search(conn, text, filter=flt, mode="text", schema=SCHEMA)
+                rows = conn.execute(
+                    "select id from pgrag.text_search(%s, 10, %s::jsonb)", (text, jf)
+                ).fetchall()
+                assert [h.id for h in py.hits] == [r[0] for r in rows]
+                assert py.scan == "text" and (py.hits or flt is not None)
+                conn.rollback()
+
+
+def test_model_and_dimension_are_checked_in_the_statement(synthetic_url: str) -> None:
+    q = _queries(1)[0]
+    with psycopg.connect(synthetic_url) as conn:
+        with pytest.raises(ModelMismatch, match="synthetic"):
+            s.search(conn, vector=q, model="another-model", mode="vector")
+        conn.rollback()
+        with pytest.raises(DimensionMismatch):
+            s.search(conn, vector=q[:100], mode="vector")
+        conn.rollback()
+        with pytest.raises(psycopg.Error) as raised:
+            conn.execute("select * from pgrag.search(%s::real[]::vector)", (q[:5].tolist(),))
+        assert raised.value.sqlstate == "PR002"
+
+
+def test_async_search_runs_the_same_statement(synthetic_url: str) -> None:
+    q = _queries(1)[0]
+
+    async def run() -> s.SearchResult:
+        async with await psycopg.AsyncConnection.connect(synthetic_url) as aconn:
+            return await s.asearch(
+                aconn, "item3", vector=q, model="synthetic", filter={"p10": True}, schema=SCHEMA
+            )
+
+    got = asyncio.run(run())
+    with psycopg.connect(synthetic_url) as conn:
+        want = s.search(
+            conn, "item3", vector=q, model="synthetic", filter={"p10": True}, schema=SCHEMA
+        )
+    assert [h.id for h in got.hits] == [h.id for h in want.hits]
+
+
+def test_statement_binds_every_value() -> None:
+    req = s.make_request(
+        mode="hybrid",
+        text="x'); drop table t; --",
+        vector=[0.1] * 4,
+        model="m",
+        filter={"segment": "it's"},
+        schema={"segment": "text"},
+        doc_types=["order_detail"],
+        k=5,
+        stats=True,
+        match="any",
+        candidates=None,
+        ef_search=None,
+        exact_threshold=2000,
+        rrf_k=60,
+        fts_limit=100,
+    )
+    text = s.build_statement(req).as_string(None)
+    assert "drop table" not in text and "it's" not in text and "order_detail" not in text
+    assert "%(qvec)s" in text and "%(pgrag_f0)s" in text
+    with pytest.raises(ConfigError, match="k = 0"):
+        s.make_request(
+            mode="vector",
+            text=None,
+            vector=[1.0],
+            model=None,
+            filter=None,
+            schema=None,
+            doc_types=None,
+            k=0,
+            stats=False,
+            match="all",
+            candidates=None,
+            ef_search=None,
+            exact_threshold=1,
+            rrf_k=60,
+            fts_limit=1,
+        )
+
+
+# ---- the tiny shop, embedded with the real default model ----
+
+
+@pytest.fixture(scope="module")
+def embedder() -> Embedder:
+    return get_embedder(None)
+
+
+def _embed_all(conn: psycopg.Connection[Any], embedder: Embedder) -> None:
+    rows = conn.execute("select id, text from pgrag.chunks order by id").fetchall()
+    vecs = embedder.embed([r[1] for r in rows])
+    conn.execute("update pgrag.settings set embedding_model = %s", (embedder.name,))
+    for (cid, _), v in zip(rows, vecs, strict=True):
+        conn.execute(
+            "update pgrag.chunks set embedding = %s::real[]::vector, embedding_model = %s "
+            "where id = %s",
+            (v.tolist(), embedder.name, cid),
+        )
+
+
+@pytest.fixture
+def shop(conn: psycopg.Connection[Any], embedder: Embedder) -> psycopg.Connection[Any]:
+    load_tiny_shop(conn)
+    s.declare_sample_stats(conn)
+    _embed_all(conn, embedder)
+    s.forget_schemas()
+    return conn
+
+
+def test_hybrid_search_on_the_shop_with_parents_stats_and_timings(
+    shop: psycopg.Connection[Any], embedder: Embedder
+) -> None:
+    cache = s.query_cache_for(embedder)
+    res = s.search(
+        shop,
+        "Which order had a returned Wireless Mouse?",
+        embedder=cache,
+        filter={"customer_id": 1},
+        doc_types=["order_detail"],
+        k=3,
+        stats=True,
+    )
+    assert res.hits[0].source_key == "10"
+    top = res.hits[0]
+    assert top.parent_source_key == "1" and top.parent_text and "John Smith" in top.parent_text
+    assert top.metadata["customer_id"] == 1 and top.distance is not None
+    assert {"embed_ms", "search_ms", "total_ms"} <= set(res.timings)
+    assert res.model == embedder.name and res.cache_hit is False
+    # exact over every matching order (3 of John's), not the 3 hits
+    assert res.stats == {
+        "order_detail": {
+            "customer_count": 1,
+            "order_count": 3,
+            "revenue": 240.0,
+            "average_order_value": 80.0,
+            "return_count": 2,
+        }
+    }
+    again = s.search(
+        shop,
+        "Which order had a returned Wireless Mouse?",
+        embedder=cache,
+        filter={"customer_id": 1},
+        doc_types=["order_detail"],
+        k=3,
+    )
+    assert again.cache_hit is True and again.stats is None
+    assert [h.id for h in again.hits] == [h.id for h in res.hits]
+
+
+def test_stats_python_equals_sql_and_counts_every_matching_row(
+    shop: psycopg.Connection[Any],
+) -> None:
+    py = s.stats(shop, filter={"segment": "VIP"})
+    row = shop.execute("""select pgrag.stats('{"segment": "VIP"}')""").fetchone()
+    assert row is not None and py == row[0]
+    assert py["customer_profile"]["customer_count"] == 1
+    assert py["order_detail"]["order_count"] == 3
+    everything = s.stats(shop)
+    assert everything["customer_profile"]["customer_count"] == 3
+    assert everything["order_detail"]["revenue"] == 270.0
+    ranged = s.stats(shop, filter={"total": {"$gt": 79}}, doc_types=["order_detail"])
+    assert ranged == {
+        "order_detail": {
+            "customer_count": 1,
+            "order_count": 2,
+            "revenue": 165.0,
+            "average_order_value": 82.5,
+            "return_count": 1,
+        }
+    }
+    # a search with no hits still returns the stats
+    res = s.search(shop, "zzzz", filter={"customer_id": 999}, mode="text", stats=True)
+    assert res.hits == () and res.stats is not None
+    assert res.stats["order_detail"]["order_count"] == 0
+
+
+def test_invalid_filters_and_stats_declarations_are_one_line_errors(
+    shop: psycopg.Connection[Any],
+) -> None:
+    with pytest.raises(InvalidFilter, match="colour"):
+        s.search(shop, "x", filter={"colour": "red"}, mode="text")
+    with pytest.raises(InvalidFilter, match="not declared"):
+        s.search(shop, "x", filter={"segment": "VIP"}, doc_types=["nope"], mode="text")
+    with pytest.raises(DocumentError, match="does not work over no rows"), shop.transaction():
+        s.declare_stats(shop, "order_detail", "select count(*) from shop.nothing")
+    with pytest.raises(DocumentError, match="not declared"), shop.transaction():
+        s.declare_stats(shop, "nope", "select '{}'::jsonb")
+
+
+def test_context_returns_parent_and_siblings(shop: psycopg.Connection[Any]) -> None:
+    row = shop.execute(
+        "select id from pgrag.chunks where doc_type = 'order_detail' and source_key = '10'"
+    ).fetchone()
+    assert row is not None
+    ctx = s.context(shop, row[0])
+    relations = sorted((c.relation, c.source_key) for c in ctx)
+    assert relations == [("chunk", "10"), ("parent", "1"), ("sibling", "11"), ("sibling", "12")]
