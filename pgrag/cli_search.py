@@ -1,0 +1,293 @@
+"""``pgrag search``, ``pgrag ask``, ``pgrag demo``: parse arguments, call the library, print.
+
+Registered on the main group by ``pgrag/cli.py`` (``cli.add_command``); ``COMMANDS`` lists them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from pgrag.embed.base import ENV_EMBEDDER
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+F = TypeVar("F", bound=Callable[..., Any])
+PREVIEW_CHARS = 160
+
+
+def _url(ctx: click.Context) -> str:
+    state = ctx.find_root().obj
+    if state is not None and hasattr(state, "url"):
+        return str(state.url())
+    from pgrag.db import resolve_url
+
+    return resolve_url(None)
+
+
+def _common(f: F) -> F:
+    options = [
+        click.option(
+            "--filter",
+            "filter_json",
+            metavar="JSON",
+            help='Metadata filter, e.g. \'{"segment": "VIP", "total": {"$gt": 100}}\' '
+            "(docs/filters-and-answers.md).",
+        ),
+        click.option(
+            "--doc-type",
+            "doc_types",
+            multiple=True,
+            metavar="TYPE",
+            help="Search only this document type (repeatable).",
+        ),
+        click.option(
+            "-k",
+            "k",
+            type=click.IntRange(1, 10_000),
+            default=10,
+            show_default=True,
+            help="Results to retrieve.",
+        ),
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON object."),
+        click.option(
+            "--model",
+            "model_spec",
+            metavar="SPEC",
+            envvar=ENV_EMBEDDER,
+            help="Embedder of the question (must be the store's model). Env: PGRAG_EMBEDDER.",
+        ),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _filter(raw: str | None) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    from pgrag.filters import parse_filter_json
+
+    return parse_filter_json(raw)
+
+
+def _jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(_jsonable(value), indent=2, default=str, ensure_ascii=False)
+
+
+def _preview(text: str) -> str:
+    one = " ".join(text.split())
+    return one if len(one) <= PREVIEW_CHARS else one[: PREVIEW_CHARS - 1] + "…"
+
+
+def _timings(t: dict[str, float]) -> str:
+    return ", ".join(f"{k.removesuffix('_ms')} {v:.1f} ms" for k, v in t.items())
+
+
+def print_hits(hits: Any) -> None:
+    for h in hits:
+        ranks = f"vector #{h.vector_rank}" if h.vector_rank else ""
+        if h.text_rank:
+            ranks += (", " if ranks else "") + f"text #{h.text_rank}"
+        click.echo(f"[chunk {h.id}] {h.doc_type} {h.source_key}  score {h.score:.4f} ({ranks})")
+        click.echo(f"    {_preview(h.text)}")
+        if h.parent_source_key is not None:
+            click.echo(f"    parent {h.parent_source_key}: {_preview(h.parent_text or '')}")
+
+
+@click.command("search", context_settings=CONTEXT_SETTINGS)
+@click.argument("query")
+@_common
+@click.option(
+    "--mode",
+    type=click.Choice(["hybrid", "vector", "text"]),
+    default="hybrid",
+    show_default=True,
+    help="hybrid: vector + full text fused; text needs no model.",
+)
+@click.option("--stats", is_flag=True, help="Add exact statistics over every matching row.")
+@click.pass_context
+def search(
+    ctx: click.Context,
+    query: str,
+    filter_json: str | None,
+    doc_types: tuple[str, ...],
+    k: int,
+    as_json: bool,
+    model_spec: str | None,
+    mode: str,
+    stats: bool,
+) -> None:
+    """Search the chunks in one SQL statement (filters, HNSW, full text, fusion, stats)."""
+    from pgrag.db import connect
+    from pgrag.search import search as run
+
+    flt = _filter(filter_json)
+    with connect(_url(ctx)) as client:
+        result = run(
+            client,
+            query,
+            filter=flt,
+            doc_types=list(doc_types) or None,
+            k=k,
+            mode=mode,  # type: ignore[arg-type]
+            stats=stats,
+            embedder=None if mode == "text" else model_spec,
+        )
+    if as_json:
+        click.echo(_dump(result))
+        return
+    print_hits(result.hits)
+    if not result.hits:
+        click.echo("no chunks matched")
+    if result.stats is not None:
+        click.echo("stats: " + json.dumps(result.stats, default=str))
+    cache = "" if result.cache_hit is None else f", query cache {result.cache_source}"
+    click.echo(f"{len(result.hits)} hits, {result.scan} scan{cache}: {_timings(result.timings)}")
+
+
+def print_answer(result: Any) -> None:
+    click.echo(result.answer.text)
+    click.echo("")
+    click.echo("sources:")
+    for h in result.hits:
+        click.echo(f"  [chunk {h.id}] {h.doc_type} {h.source_key}: {_preview(h.text)}")
+    if not result.hits:
+        click.echo("  (none)")
+    if result.stats:
+        click.echo("stats: " + json.dumps(result.stats, default=str))
+    click.echo(f"filter: {json.dumps(result.filter, default=str)}")
+    for note in result.notes:
+        click.echo(f"note: {note}")
+    cache = (
+        "" if result.cache_hit is None else f"; query cache {'hit' if result.cache_hit else 'miss'}"
+    )
+    click.echo(f"timings: {_timings(result.timings)}{cache}")
+
+
+@click.command("ask", context_settings=CONTEXT_SETTINGS)
+@click.argument("question")
+@_common
+@click.option(
+    "--stats/--no-stats",
+    default=None,
+    help="Force exact statistics on or off (default: when the question asks numbers).",
+)
+@click.option(
+    "--top-n",
+    type=click.IntRange(1, 100),
+    default=5,
+    show_default=True,
+    help="Hits given to the answer after dedup and rerank.",
+)
+@click.pass_context
+def ask(
+    ctx: click.Context,
+    question: str,
+    filter_json: str | None,
+    doc_types: tuple[str, ...],
+    k: int,
+    as_json: bool,
+    model_spec: str | None,
+    stats: bool | None,
+    top_n: int,
+) -> None:
+    """Answer a question: parse, embed, one-statement search, rerank, grounded answer.
+
+    Uses PGRAG_LLM_MODEL / PGRAG_LLM_BASE_URL when set, else an extractive answer.
+    """
+    from pgrag.ask import ask as run
+    from pgrag.db import connect
+
+    flt = _filter(filter_json)
+    with connect(_url(ctx)) as client:
+        result = run(
+            client,
+            question,
+            k=k,
+            top_n=top_n,
+            filter=flt,
+            doc_types=list(doc_types) or None,
+            stats=stats,
+            embedder=model_spec,
+        )
+    if as_json:
+        click.echo(_dump(result))
+        return
+    print_answer(result)
+
+
+@click.command("demo", context_settings=CONTEXT_SETTINGS)
+@click.option(
+    "--customers",
+    type=click.IntRange(200, 100_000),
+    default=200,
+    show_default=True,
+    help="Sample shop size (customers; about 10 orders each).",
+)
+@click.option("--seed", type=int, default=42, show_default=True, help="Sample shop seed.")
+@click.option(
+    "--model",
+    "model_spec",
+    metavar="SPEC",
+    envvar=ENV_EMBEDDER,
+    help="Embedder (default: the bundled all-MiniLM-L6-v2). Env: PGRAG_EMBEDDER.",
+)
+@click.option(
+    "--question",
+    "questions",
+    multiple=True,
+    metavar="TEXT",
+    help="Ask this instead of the four demo questions (repeatable).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the answers as JSON lines.")
+@click.pass_context
+def demo(
+    ctx: click.Context,
+    customers: int,
+    seed: int,
+    model_spec: str | None,
+    questions: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Start the embedded server, migrate, load and embed the sample shop, ask its questions."""
+    from pgrag.demo import DEMO_QUESTIONS, run_demo
+
+    def say(line: str) -> None:
+        if not as_json:
+            click.echo(line)
+
+    def show(result: Any) -> None:
+        if as_json:
+            click.echo(json.dumps(_jsonable(result), default=str, ensure_ascii=False))
+            return
+        click.echo("")
+        click.echo(f"Q: {result.question}")
+        print_answer(result)
+
+    run_demo(
+        _url(ctx),
+        customers=customers,
+        seed=seed,
+        embedder=model_spec,
+        questions=list(questions) or list(DEMO_QUESTIONS),
+        say=say,
+        show=show,
+        progress=not as_json,
+    )
+
+
+COMMANDS = (search, ask, demo)

@@ -1,0 +1,43 @@
+"""`pgrag demo` end to end, as a subprocess: migrate, load 200 customers, render, embed (a
+local OpenAI-compatible fake embedder keeps it fast), ask the four questions, print JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+from .embed_server import FakeEmbeddings
+
+
+def test_demo_runs_through_the_cli(db_url: str) -> None:
+    fake = FakeEmbeddings()
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PGRAG_")}
+        env |= fake.env() | {"PGRAG_DATABASE_URL": db_url}
+        done = subprocess.run(
+            [sys.executable, "-c", "from pgrag.cli_search import demo; demo()", "--json"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            stdin=subprocess.DEVNULL,
+        )
+    finally:
+        fake.close()
+    assert done.returncode == 0, done.stderr
+    answers = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [a["question"] for a in answers][0] == "What products did John Smith return?"
+    assert len(answers) == 4
+    john, vips, revenue, maria = answers
+    assert john["filter"]["customer_id"] == 1
+    returned = re.compile(r"Wireless Mouse x\d+ at \$[\d.]+ \(returned")
+    assert any(returned.search(h["text"]) for h in john["retrieved"])
+    assert all(h["metadata"]["segment"] == "VIP" for h in vips["retrieved"])
+    stats = next(iter(revenue["stats"].values()))
+    assert stats["revenue"] > 0 and stats["average_order_value"] > 0
+    texts = " ".join(h["text"] for h in maria["retrieved"])
+    assert "Yoga Mat" in texts and "Mechanical Keyboard" in texts
+    assert {"parse_ms", "embed_ms", "search_ms", "rerank_ms", "generate_ms"} <= set(john["timings"])
