@@ -73,8 +73,13 @@ def main() -> None:
             rebuilt = documents.rebuild(conn)
             conn.execute("vacuum analyze")
             lat_on, lat_off = single_updates(conn, args.updates)
+            per_trigger = trigger_breakdown(conn, 50)
             bulk = bulk_insert(conn, args.bulk)
         report(args, stats, load_s, rebuilt, lat_on, lat_off, bulk)
+        print("\n| trigger (EXPLAIN ANALYZE, 50 single-row updates) | median |")
+        print("|---|---|")
+        for name, times in sorted(per_trigger.items()):
+            print(f"| {name} | {statistics.median(times):.2f} ms |")
     finally:
         with psycopg.connect(admin, autocommit=True) as c:
             c.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(DB)))
@@ -103,6 +108,29 @@ def single_updates(conn: psycopg.Connection[Any], n: int) -> tuple[list[float], 
         del out[:20]
     set_triggers(conn, True)
     return on, off
+
+
+def trigger_breakdown(conn: psycopg.Connection[Any], n: int) -> dict[str, list[float]]:
+    """Time spent in each pgrag trigger, as EXPLAIN ANALYZE reports it (rolled back)."""
+    ids = [
+        r[0]
+        for r in conn.execute(
+            "select order_item_id from shop.order_items order by random() limit %s", (n,)
+        )
+    ]
+    out: dict[str, list[float]] = {}
+    for item in ids:
+        with conn.transaction(force_rollback=True):
+            plan = conn.execute(
+                "explain (analyze) update shop.order_items set quantity = quantity %% 9 + 1 "
+                "where order_item_id = %s",
+                (item,),
+            ).fetchall()
+        for (line,) in plan:
+            if line.startswith("Trigger pgrag_"):
+                name, _, rest = line.partition(": time=")
+                out.setdefault(name.removeprefix("Trigger "), []).append(float(rest.split()[0]))
+    return out
 
 
 def bulk_insert(conn: psycopg.Connection[Any], n: int) -> dict[str, float]:

@@ -2,8 +2,8 @@
 
 Exit codes: 0 success; 1 any other error; 2 bad usage or configuration; 3 the server is
 unreachable, cannot start or lacks pgvector; 4 the database is not migrated; 5 an embedding
-dimension mismatch; 6 a document declaration or render error; 7 an invalid filter; 8 a missing
-optional dependency; 130 interrupted.
+dimension or model mismatch; 6 a document declaration or render error; 7 an invalid filter; 8 a
+missing optional dependency; 9 the embedder failed after its retries; 130 interrupted.
 """
 
 from __future__ import annotations
