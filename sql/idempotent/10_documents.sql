@@ -7,6 +7,13 @@
 -- old and new rows of that table) yielding the keys of the documents to rebuild.
 --
 -- Key queries run with search_path = pg_catalog, pg_temp: schema-qualify every table in them.
+--
+-- For every declared type pgrag generates, as static SQL inside plpgsql with cached generic
+-- plans (a document view can take ~8 ms to plan; a session now plans it once):
+--   pgrag.render_<type>(keys)    the source view filtered by keys
+--   pgrag.store_<type>(keys)     render + upsert + delete + re-link children + NOTIFY
+--   pgrag.sync_<type>_<oid>()    the trigger function of one watched table (key query inlined)
+-- They are regenerated whenever this file is applied, so a pgrag upgrade reaches old types.
 
 create or replace function pgrag.refresh(doc_type text, keys text[] default null)
 returns bigint
@@ -19,195 +26,25 @@ as $fn$
 --   new or changed text  → upserted with embedding NULL (the worker re-embeds it), NOTIFY sent
 --   unchanged text       → keeps its vector (metadata and parent link still refreshed)
 --   key no longer in the source → its chunk is deleted (and, through the FK, its children)
--- Returns the number of chunks inserted, changed or deleted.
+-- Returns the number of chunks inserted, changed, deleted or re-linked.
 declare
-    t pgrag.doc_types;
-    n_up bigint;
-    n_pending bigint;
-    n_gone bigint;
-    n_linked bigint := 0;
+    n bigint;
 begin
-    select * into t from pgrag.doc_types d where d.name = refresh.doc_type;
-    if not found then
+    if not exists (select 1 from pgrag.doc_types d where d.name = doc_type) then
         raise exception using errcode = 'PR003',
-            message = format('document type %s is not declared', refresh.doc_type),
+            message = format('document type %s is not declared', doc_type),
             hint = 'declare it with pgrag.declare_document(...); `pgrag documents list` shows the declared ones';
     end if;
     if keys is not null and cardinality(keys) = 0 then
         return 0;
     end if;
-    execute format($sql$
-        with src as materialized (
-            select r.key as source_key, r.parent as parent_key, r.body as text, r.meta as metadata
-            from pgrag.%I($1) as r
-        ),
-        up as (
-            insert into pgrag.chunks as c (doc_type, source_key, parent_key, parent_id, text, metadata)
-            select $2, s.source_key, s.parent_key,
-                   (select p.id from pgrag.chunks p
-                     where p.doc_type = $3 and p.source_key = s.parent_key),
-                   s.text, s.metadata
-            from src s
-            on conflict (doc_type, source_key) do update
-            set text = excluded.text,
-                metadata = excluded.metadata,
-                parent_key = excluded.parent_key,
-                parent_id = excluded.parent_id,
-                embedding = case when c.text = excluded.text then c.embedding end,
-                embedding_model = case when c.text = excluded.text then c.embedding_model end,
-                embedded_at = case when c.text = excluded.text then c.embedded_at end,
-                updated_at = now()
-            where (c.text, c.metadata, c.parent_key, c.parent_id)
-                  is distinct from (excluded.text, excluded.metadata, excluded.parent_key, excluded.parent_id)
-            returning c.embedding is null as pending
-        ),
-        gone as (
-            delete from pgrag.chunks c
-            where c.doc_type = $2
-              and ($1 is null or c.source_key = any($1))
-              and not exists (select 1 from src s where s.source_key = c.source_key)
-            returning 1
-        )
-        select (select count(*) from up),
-               (select count(*) from up where pending),
-               (select count(*) from gone)
-        $sql$,
-        'render_' || t.name)
-    into n_up, n_pending, n_gone
-    using keys, t.name, t.parent_type;
-
-    -- Children rendered before their parent existed find it now.
-    if exists (select 1 from pgrag.doc_types c where c.parent_type = t.name) then
-        update pgrag.chunks ch
-           set parent_id = p.id
-          from pgrag.chunks p
-         where p.doc_type = t.name
-           and (keys is null or p.source_key = any(keys))
-           and ch.doc_type in (select c.name from pgrag.doc_types c where c.parent_type = t.name)
-           and ch.parent_key = p.source_key
-           and ch.parent_id is distinct from p.id;
-        get diagnostics n_linked = row_count;
-    end if;
-
-    if n_pending > 0 then
-        perform pg_notify('pgrag_chunks', t.name);
-    end if;
-    return n_up + n_gone + n_linked;
+    execute format('select pgrag.%I($1)', 'store_' || doc_type) into n using keys;
+    return n;
 end
 $fn$;
 
 comment on function pgrag.refresh(text, text[]) is
     'Render documents of a type (all, or those with the given source keys) into pgrag.chunks';
-
-
-create or replace function pgrag.sync_trigger()
-returns trigger
-language plpgsql volatile security invoker
-set search_path = pg_catalog, pg_temp
-as $fn$
-#variable_conflict use_variable
--- Statement-level AFTER trigger generated by pgrag.declare_document for every watched table:
--- maps the statement's changed rows to document keys and rebuilds exactly those documents,
--- once per statement however many rows it touched. TG_ARGV[0] is the document type.
--- `set pgrag.sync = off` skips it (bulk loads); run pgrag.refresh(type) afterwards.
-declare
-    doc text := tg_argv[0];
-    kq text;
-    changed text;
-    keys text[];
-begin
-    if current_setting('pgrag.sync', true) = 'off' then
-        return null;
-    end if;
-    if tg_op = 'TRUNCATE' then
-        keys := null;
-    else
-        select w.key_query into kq
-          from pgrag.doc_watches w
-         where w.doc_type = doc and w.source_table = tg_relid;
-        if kq is null then
-            return null;
-        end if;
-        changed := case tg_op
-            when 'INSERT' then 'select * from pgrag_new'
-            when 'DELETE' then 'select * from pgrag_old'
-            else 'select * from pgrag_new union all select * from pgrag_old'
-        end;
-        execute format(
-            'with changed as (%s) select array_agg(distinct q.k::text) from (%s) as q(k) where q.k is not null',
-            changed, kq)
-        into keys;
-        if keys is null then
-            return null;
-        end if;
-    end if;
-    begin
-        perform pgrag.refresh(doc, keys);
-    exception when others then
-        raise exception using
-            errcode = 'PR004',
-            message = format('pgrag could not rebuild %s document(s) %s after %s on %s: %s',
-                             doc,
-                             coalesce(array_to_string(keys[1:5], ', ')
-                                      || case when cardinality(keys) > 5
-                                              then format(' (and %s more)', cardinality(keys) - 5)
-                                              else '' end,
-                                      '(all)'),
-                             tg_op, tg_relid::regclass, sqlerrm),
-            hint = format('fix the document view %s or the data; the statement was rolled back',
-                          (select d.source::text from pgrag.doc_types d where d.name = doc));
-    end;
-    return null;
-end
-$fn$;
-
-
-create or replace function pgrag.drop_sync_triggers(doc_type text, source_table regclass)
-returns void
-language plpgsql volatile security invoker
-set search_path = pg_catalog, pg_temp
-as $fn$
-#variable_conflict use_variable
-declare
-    suffix text;
-begin
-    if not exists (select 1 from pg_class where oid = source_table) then
-        return;  -- the table is gone, and its triggers with it
-    end if;
-    foreach suffix in array array['ins', 'upd', 'del', 'trn'] loop
-        execute format('drop trigger if exists %I on %s',
-                       format('pgrag_%s_%s', doc_type, suffix), source_table);
-    end loop;
-end
-$fn$;
-
-
-create or replace function pgrag.create_sync_triggers(doc_type text, source_table regclass)
-returns void
-language plpgsql volatile security invoker
-set search_path = pg_catalog, pg_temp
-as $fn$
-#variable_conflict use_variable
-declare
-    prefix text := format('pgrag_%s_', doc_type);
-begin
-    execute format(
-        'create trigger %I after insert on %s referencing new table as pgrag_new'
-        ' for each statement execute function pgrag.sync_trigger(%L)',
-        prefix || 'ins', source_table, doc_type);
-    execute format(
-        'create trigger %I after update on %s referencing old table as pgrag_old new table as pgrag_new'
-        ' for each statement execute function pgrag.sync_trigger(%L)',
-        prefix || 'upd', source_table, doc_type);
-    execute format(
-        'create trigger %I after delete on %s referencing old table as pgrag_old'
-        ' for each statement execute function pgrag.sync_trigger(%L)',
-        prefix || 'del', source_table, doc_type);
-    execute format(
-        'create trigger %I after truncate on %s for each statement execute function pgrag.sync_trigger(%L)',
-        prefix || 'trn', source_table, doc_type);
-end
-$fn$;
 
 
 create or replace function pgrag.create_render_function(doc_type text)
@@ -216,15 +53,14 @@ language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $fn$
 #variable_conflict use_variable
--- (Re)create pgrag.render_<type>(keys text[]): the type's source view filtered by keys, as
--- static SQL inside plpgsql with a generic plan, so each session plans it once and a trigger
--- re-rendering one document pays no planning (a document view can take ~8 ms to plan). Called by declare_document, and for every declared type whenever
--- this file is re-applied (so a pgrag upgrade regenerates them).
+-- (Re)create pgrag.render_<type>(keys) and pgrag.store_<type>(keys) for a declared type.
 declare
     t pgrag.doc_types;
     cols jsonb;
     pk_expr text;
     md_expr text;
+    render_fn text;
+    upsert text;
 begin
     select * into strict t from pgrag.doc_types d where d.name = doc_type;
     select jsonb_object_agg(attname, format_type(atttypid, atttypmod)) into cols
@@ -232,8 +68,10 @@ begin
     pk_expr := case when cols ? 'parent_key' then 'd.parent_key::text' else 'null::text' end;
     md_expr := case when cols ? 'metadata' then 'coalesce(d.metadata, ''{}''::jsonb)'
                     else '''{}''::jsonb' end;
+    render_fn := format('pgrag.%I', 'render_' || t.name);
+
     execute format($f$
-        create or replace function pgrag.%I(keys text[])
+        create or replace function %s(keys text[])
         returns table (key text, parent text, body text, meta jsonb)
         language plpgsql stable security invoker rows 10
         set search_path = pg_catalog, pg_temp
@@ -249,8 +87,237 @@ begin
         end
         $body$
         $f$,
-        'render_' || t.name,
-        pk_expr, md_expr, t.source, pk_expr, md_expr, t.source, t.key_type);
+        render_fn, pk_expr, md_expr, t.source, pk_expr, md_expr, t.source, t.key_type);
+
+    -- The upsert, with separate statements for "these keys" and "all" so each has a good
+    -- cached plan (an `or keys is null` would make the keyed one scan the whole type).
+    upsert := format($u$
+            with src as materialized (
+                select r.key, r.parent, r.body, r.meta from %1$s(keys) r
+            ),
+            up as (
+                insert into pgrag.chunks as c
+                       (doc_type, source_key, parent_key, parent_id, text, metadata)
+                select %2$L, s.key, s.parent,
+                       (select p.id from pgrag.chunks p
+                         where p.doc_type = %3$L and p.source_key = s.parent),
+                       s.body, s.meta
+                from src s
+                on conflict (doc_type, source_key) do update
+                set text = excluded.text,
+                    metadata = excluded.metadata,
+                    parent_key = excluded.parent_key,
+                    parent_id = excluded.parent_id,
+                    embedding = case when c.text = excluded.text then c.embedding end,
+                    embedding_model = case when c.text = excluded.text then c.embedding_model end,
+                    embedded_at = case when c.text = excluded.text then c.embedded_at end,
+                    updated_at = now()
+                where (c.text, c.metadata, c.parent_key, c.parent_id)
+                      is distinct from (excluded.text, excluded.metadata, excluded.parent_key,
+                                        excluded.parent_id)
+                returning c.embedding is null as pending
+            ),
+            gone as (
+                delete from pgrag.chunks c
+                where c.doc_type = %2$L
+                  and %%s
+                  and not exists (select 1 from src s where s.key = c.source_key)
+                returning 1
+            )
+            select (select count(*) from up), (select count(*) from up where pending),
+                   (select count(*) from gone)
+            into n_up, n_pending, n_gone
+            $u$, render_fn, t.name, t.parent_type);
+
+    execute format($f$
+        create or replace function pgrag.%1$I(keys text[])
+        returns bigint
+        language plpgsql volatile security invoker
+        set search_path = pg_catalog, pg_temp
+        set plan_cache_mode = force_generic_plan
+        as $body$
+        declare
+            n_up bigint;
+            n_pending bigint;
+            n_gone bigint;
+            n_linked bigint := 0;
+        begin
+            if keys is null then
+                %2$s;
+            else
+                %3$s;
+            end if;
+
+            -- Children rendered before their parent existed find it now.
+            if %4$L::text[] is not null and keys is null then
+                update pgrag.chunks ch
+                   set parent_id = p.id
+                  from pgrag.chunks p
+                 where p.doc_type = %5$L
+                   and ch.doc_type = any(%4$L::text[])
+                   and ch.parent_key = p.source_key
+                   and ch.parent_id is distinct from p.id;
+                get diagnostics n_linked = row_count;
+            elsif %4$L::text[] is not null then
+                update pgrag.chunks ch
+                   set parent_id = p.id
+                  from pgrag.chunks p
+                 where p.doc_type = %5$L
+                   and p.source_key = any(keys)
+                   and ch.doc_type = any(%4$L::text[])
+                   and ch.parent_key = p.source_key
+                   and ch.parent_id is distinct from p.id;
+                get diagnostics n_linked = row_count;
+            end if;
+
+            if n_pending > 0 then
+                perform pg_notify('pgrag_chunks', %5$L);
+            end if;
+            return n_up + n_gone + n_linked;
+        end
+        $body$
+        $f$,
+        'store_' || t.name,
+        format(upsert, 'true'),
+        format(upsert, 'c.source_key = any(keys)'),
+        (select array_agg(c.name order by c.name) from pgrag.doc_types c where c.parent_type = t.name),
+        t.name);
+end
+$fn$;
+
+
+create or replace function pgrag.run_sync(doc_type text, keys text[], op text, source_table regclass)
+returns void
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+#variable_conflict use_variable
+-- What every generated trigger function does once it has the keys: refresh them, and turn a
+-- failure into an error that names the document type and keys (the statement is aborted).
+begin
+    perform pgrag.refresh(doc_type, keys);
+exception when others then
+    raise exception using
+        errcode = 'PR004',
+        message = format('pgrag could not rebuild %s document(s) %s after %s on %s: %s',
+                         doc_type,
+                         coalesce(array_to_string(keys[1:5], ', ')
+                                  || case when cardinality(keys) > 5
+                                          then format(' (and %s more)', cardinality(keys) - 5)
+                                          else '' end,
+                                  '(all)'),
+                         op, source_table, sqlerrm),
+        hint = format('fix the document view %s or the data; the statement was rolled back',
+                      (select d.source::text from pgrag.doc_types d where d.name = doc_type));
+end
+$fn$;
+
+
+create or replace function pgrag.sync_function_name(doc_type text, source_table regclass)
+returns text
+language sql immutable strict security invoker
+set search_path = pg_catalog, pg_temp
+return format('sync_%s_%s', doc_type, source_table::oid);
+
+
+create or replace function pgrag.create_sync_function(doc_type text, source_table regclass)
+returns void
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+#variable_conflict use_variable
+-- (Re)create the trigger function of one watched table: the key query inlined as static SQL
+-- over the statement's transition rows (`changed`), then pgrag.run_sync.
+-- `set pgrag.sync = off` in a session skips it (bulk loads); run pgrag.refresh(type) after.
+declare
+    kq text;
+    keys_sql text := 'select array_agg(distinct q.k::text) into keys from (%s) as q(k) where q.k is not null';
+begin
+    select w.key_query into strict kq
+      from pgrag.doc_watches w
+     where w.doc_type = create_sync_function.doc_type
+       and w.source_table = create_sync_function.source_table;
+    execute format($f$
+        create or replace function pgrag.%I()
+        returns trigger
+        language plpgsql volatile security invoker
+        set search_path = pg_catalog, pg_temp
+        as $body$
+        declare
+            keys text[];
+        begin
+            if current_setting('pgrag.sync', true) = 'off' then
+                return null;
+            end if;
+            if tg_op = 'INSERT' then
+                with changed as (select * from pgrag_new) %s;
+            elsif tg_op = 'UPDATE' then
+                with changed as (select * from pgrag_new union all select * from pgrag_old) %s;
+            elsif tg_op = 'DELETE' then
+                with changed as (select * from pgrag_old) %s;
+            end if;
+            if tg_op <> 'TRUNCATE' and keys is null then
+                return null;  -- no document affected
+            end if;
+            perform pgrag.run_sync(%L, keys, tg_op, tg_relid::regclass);
+            return null;
+        end
+        $body$
+        $f$,
+        pgrag.sync_function_name(doc_type, source_table),
+        format(keys_sql, kq), format(keys_sql, kq), format(keys_sql, kq),
+        doc_type);
+end
+$fn$;
+
+
+create or replace function pgrag.drop_sync_triggers(doc_type text, source_table regclass)
+returns void
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+#variable_conflict use_variable
+declare
+    suffix text;
+begin
+    if exists (select 1 from pg_class where oid = source_table) then
+        foreach suffix in array array['ins', 'upd', 'del', 'trn'] loop
+            execute format('drop trigger if exists %I on %s',
+                           format('pgrag_%s_%s', doc_type, suffix), source_table);
+        end loop;
+    end if;  -- else the table is gone, and its triggers with it
+    execute format('drop function if exists pgrag.%I()',
+                   pgrag.sync_function_name(doc_type, source_table));
+end
+$fn$;
+
+
+create or replace function pgrag.create_sync_triggers(doc_type text, source_table regclass)
+returns void
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+#variable_conflict use_variable
+declare
+    prefix text := format('pgrag_%s_', doc_type);
+    fn text := format('pgrag.%I', pgrag.sync_function_name(doc_type, source_table));
+begin
+    perform pgrag.create_sync_function(doc_type, source_table);
+    execute format(
+        'create trigger %I after insert on %s referencing new table as pgrag_new'
+        ' for each statement execute function %s()',
+        prefix || 'ins', source_table, fn);
+    execute format(
+        'create trigger %I after update on %s referencing old table as pgrag_old new table as pgrag_new'
+        ' for each statement execute function %s()',
+        prefix || 'upd', source_table, fn);
+    execute format(
+        'create trigger %I after delete on %s referencing old table as pgrag_old'
+        ' for each statement execute function %s()',
+        prefix || 'del', source_table, fn);
+    execute format(
+        'create trigger %I after truncate on %s for each statement execute function %s()',
+        prefix || 'trn', source_table, fn);
 end
 $fn$;
 
@@ -289,6 +356,7 @@ begin
         get diagnostics n = row_count;
     end if;
     delete from pgrag.doc_types d where d.name = t.name;
+    execute format('drop function if exists pgrag.%I(text[])', 'store_' || t.name);
     execute format('drop function if exists pgrag.%I(text[])', 'render_' || t.name);
     if t.owns_source and exists (select 1 from pg_class where oid = t.source) then
         execute format('drop view %s', t.source);
@@ -440,6 +508,9 @@ begin
         parent_type = excluded.parent_type, metadata_schema = excluded.metadata_schema,
         updated_at = now();
     perform pgrag.create_render_function(declare_document.name);
+    if parent_type is not null then
+        perform pgrag.create_render_function(parent_type);  -- its store function re-links children
+    end if;
 
     -- the watched tables: each must exist and its key query must compile against it
     for w in select key as tbl_name, value as kq from jsonb_each(watches) loop
@@ -557,14 +628,19 @@ comment on function pgrag.verify(text) is
     'Differences between the declared source views and the stored chunks (none = in sync)';
 
 
--- Regenerate every declared type's render function against this version of pgrag.
+-- Regenerate every declared type's generated functions against this version of pgrag.
 do $$
 declare
     t record;
+    w record;
 begin
     for t in select d.name from pgrag.doc_types d
               where exists (select 1 from pg_class c where c.oid = d.source) loop
         perform pgrag.create_render_function(t.name);
+    end loop;
+    for w in select dw.doc_type, dw.source_table from pgrag.doc_watches dw
+              where exists (select 1 from pg_class c where c.oid = dw.source_table) loop
+        perform pgrag.create_sync_function(w.doc_type, w.source_table);
     end loop;
 end
 $$;

@@ -171,7 +171,9 @@ select pgrag.declare_document(
 );
 
 -- An order's text says "order n of m" and the cumulative spend, so a change to one order
--- touches its customer's other orders too: the key queries return all of them.
+-- touches its customer's other orders too: the key queries return the orders whose text can
+-- change (all of the customer's when an order comes or goes; for a changed item, its order and
+-- the customer's later orders, whose cumulative spend moves).
 select pgrag.declare_document(
     'order_detail',
     'shop.order_detail_doc',
@@ -183,7 +185,8 @@ select pgrag.declare_document(
         'shop.order_items',
             'select o2.order_id from changed c
                join shop.orders o on o.order_id = c.order_id
-               join shop.orders o2 on o2.customer_id = o.customer_id',
+               join shop.orders o2 on o2.customer_id = o.customer_id
+                                  and (o2.order_date, o2.order_id) >= (o.order_date, o.order_id)',
         'shop.customers',
             'select o.order_id from changed c join shop.orders o on o.customer_id = c.customer_id',
         'shop.products',
