@@ -334,3 +334,41 @@ def test_failing_render_aborts_the_statement_naming_type_and_key(
     row = shop.execute("select city from shop.customers where customer_id = 2").fetchone()
     assert row == ("Lisbon",)
     assert json.dumps(documents.list_types(shop)[0].metadata_schema)  # still readable
+
+
+def test_concurrent_writers_of_one_document_lose_nothing(shop_committed: str) -> None:
+    """Two transactions change items of the same customer at once; the chunk ends up with both."""
+    import threading
+
+    first = psycopg.connect(shop_committed)
+    second = psycopg.connect(shop_committed)
+    try:
+        first.execute("update shop.order_items set quantity = 7 where order_item_id = 101")
+        done = threading.Event()
+
+        def other() -> None:
+            second.execute("update shop.order_items set quantity = 9 where order_item_id = 102")
+            second.commit()
+            done.set()
+
+        t = threading.Thread(target=other)
+        t.start()
+        assert not done.wait(0.5)  # it waits for the first writer of customer 1's documents
+        first.commit()
+        t.join(10)
+        assert done.is_set()
+    finally:
+        first.close()
+        second.close()
+    with psycopg.connect(shop_committed) as conn:
+        text = conn.execute(
+            "select text from pgrag.chunks where doc_type = 'customer_profile' and source_key = '1'"
+        ).fetchone()
+        assert text is not None
+        assert "Cookbook x7" not in text[0]  # order 10 is past the 2 most recent orders
+        assert "Bluetooth Headphones x9" in text[0]
+        o10 = conn.execute(
+            "select text from pgrag.chunks where doc_type = 'order_detail' and source_key = '10'"
+        ).fetchone()
+        assert o10 is not None and "Cookbook x7" in o10[0]
+        assert documents.verify(conn) == []

@@ -142,6 +142,20 @@ begin
             n_gone bigint;
             n_linked bigint := 0;
         begin
+            -- Writers of one document take turns: a concurrent transaction re-rendering the
+            -- same key waits here for the first to commit, then renders from a new snapshot
+            -- (READ COMMITTED takes one per statement), so the last commit's text wins. Up to
+            -- 1,000 keys lock one by one (in hash order: no deadlock between two of these);
+            -- a bigger or full refresh locks the whole type.
+            if keys is null or cardinality(keys) > 1000 then
+                perform pg_advisory_xact_lock(%6$s::bigint);
+            else
+                perform pg_advisory_xact_lock_shared(%6$s::bigint);
+                perform pg_advisory_xact_lock(%6$s, hashtext(k))
+                   from (select distinct k from unnest(keys) as u(k)) d
+                  order by hashtext(k);
+            end if;
+
             if keys is null then
                 %2$s;
             else
@@ -181,7 +195,8 @@ begin
         format(upsert, 'true'),
         format(upsert, 'c.source_key = any(keys)'),
         (select array_agg(c.name order by c.name) from pgrag.doc_types c where c.parent_type = t.name),
-        t.name);
+        t.name,
+        hashtext('pgrag document ' || t.name));
 end
 $fn$;
 
