@@ -1,4 +1,15 @@
-"""pgrag: retrieval-augmented generation over relational data, inside PostgreSQL."""
+"""pgrag: retrieval-augmented generation over relational data, inside PostgreSQL.
+
+The connection and error classes load with the package; the search, question and answer
+machinery loads on first use, so ``import pgrag`` and ``pgrag.connect()`` stay fast for scripts
+that only need the store. Search and ask through the client: ``client.search(...)``,
+``client.ask(...)`` (``pgrag.search`` and ``pgrag.ask`` are the modules).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from pgrag.db import Client, StoreSettings, StoreStatus, connect
 from pgrag.errors import (
@@ -14,19 +25,75 @@ from pgrag.errors import (
     ServerError,
 )
 
+if TYPE_CHECKING:
+    from pgrag.answer import Answer, Context, LLMConfig
+    from pgrag.ask import AskResult
+    from pgrag.documents import DocType, Mismatch, RebuildStats
+    from pgrag.filters import compile_filter, parse_filter_json
+    from pgrag.parse import LLMParser, ParsedQuery, parse_question
+    from pgrag.rerank import Hit, Reranker
+    from pgrag.search import SearchHit, SearchResult, asearch
+
+_LAZY = {
+    "Answer": "pgrag.answer",
+    "Context": "pgrag.answer",
+    "LLMConfig": "pgrag.answer",
+    "AskResult": "pgrag.ask",
+    "DocType": "pgrag.documents",
+    "Mismatch": "pgrag.documents",
+    "RebuildStats": "pgrag.documents",
+    "compile_filter": "pgrag.filters",
+    "parse_filter_json": "pgrag.filters",
+    "LLMParser": "pgrag.parse",
+    "ParsedQuery": "pgrag.parse",
+    "parse_question": "pgrag.parse",
+    "Hit": "pgrag.rerank",
+    "Reranker": "pgrag.rerank",
+    "SearchHit": "pgrag.search",
+    "SearchResult": "pgrag.search",
+    "asearch": "pgrag.search",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pgrag' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
 __all__ = [
+    "Answer",
+    "AskResult",
     "Client",
     "ConfigError",
     "ConnectionFailed",
+    "Context",
     "DimensionMismatch",
+    "DocType",
     "DocumentError",
+    "Hit",
     "InvalidFilter",
+    "LLMConfig",
+    "LLMParser",
+    "Mismatch",
     "MissingDependency",
     "MissingExtension",
     "NotMigrated",
+    "ParsedQuery",
     "PgragError",
+    "RebuildStats",
+    "Reranker",
+    "SearchHit",
+    "SearchResult",
     "ServerError",
     "StoreSettings",
     "StoreStatus",
+    "asearch",
+    "compile_filter",
     "connect",
+    "parse_filter_json",
+    "parse_question",
 ]

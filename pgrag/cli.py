@@ -350,7 +350,7 @@ def verify(state: _State, doc_type: str | None, limit: int) -> None:
     sys.exit(1)
 
 
-# ---------------------------------------------------------------- status / demo
+# ---------------------------------------------------------------- status
 
 
 @cli.command("status")
@@ -369,25 +369,12 @@ def status(state: _State) -> None:
             click.echo(f"  {doc_type}: {n}")
 
 
-@cli.command("demo")
-@click.pass_obj
-def demo(state: _State) -> None:
-    """Start the embedded server (unless a URL is given), migrate, and show the status."""
-    url = state.url()
-    migrate.upgrade(url)
-    click.echo(f"pgrag is ready on {url}")
-    from pgrag.db import connect
-
-    with connect(url) as client:
-        st = client.status()
-        click.echo(f"chunks: {st.chunks}, embedding dimension {st.embedding_dim}")
-
-
 def _register_subcommands() -> None:
     from pgrag.cli_embed import embed, reembed, worker
     from pgrag.cli_sample import sample
+    from pgrag.cli_search import ask, demo, search
 
-    for command in (sample, embed, worker, reembed):
+    for command in (sample, embed, worker, reembed, search, ask, demo):
         cli.add_command(command)
 
 

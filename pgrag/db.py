@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from pgvector.psycopg import register_vector
@@ -20,6 +20,10 @@ from psycopg.types import TypeInfo
 from psycopg_pool import ConnectionPool
 
 from pgrag import config, documents
+
+if TYPE_CHECKING:
+    from pgrag.ask import AskResult
+    from pgrag.search import ContextRow, SearchResult
 from pgrag.errors import (
     ConnectionFailed,
     DimensionMismatch,
@@ -218,6 +222,32 @@ class Client:
     def verify(self, name: str | None = None) -> list[documents.Mismatch]:
         with self.connection() as conn:
             return documents.verify(conn, name)
+
+    # ---- search and answers (pgrag/search.py, pgrag/ask.py) ----
+
+    def search(self, query: str | None = None, **kwargs: Any) -> SearchResult:
+        """One-statement hybrid search; see ``pgrag.search.search`` for the arguments."""
+        from pgrag.search import search
+
+        return search(self, query, **kwargs)
+
+    def stats(self, **kwargs: Any) -> dict[str, Any]:
+        """Exact aggregates over the source rows matching a filter (``pgrag.search.stats``)."""
+        from pgrag.search import stats
+
+        return stats(self, **kwargs)
+
+    def context(self, chunk_id: int, **kwargs: Any) -> list[ContextRow]:
+        """A chunk with its parent and children (``pgrag.search.context``)."""
+        from pgrag.search import context
+
+        return context(self, chunk_id, **kwargs)
+
+    def ask(self, question: str, **kwargs: Any) -> AskResult:
+        """Question → filters → search → rerank → grounded answer (``pgrag.ask.ask``)."""
+        from pgrag.ask import ask
+
+        return ask(self, question, **kwargs)
 
     def upgrade(self, revision: str = "head", *, dimension: int | None = None) -> None:
         """Migrate this database (see ``pgrag.migrate.upgrade``) and refresh pooled connections."""

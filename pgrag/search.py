@@ -729,17 +729,6 @@ def declare_stats(conn: psycopg.Connection[Any], doc_type: str, stats_sql: str |
         raise _database_error(exc) from exc
 
 
-def declare_sample_stats(conn: psycopg.Connection[Any]) -> None:
-    """Declare the sample shop's statistics (``sql/sample/shop_stats.sql``; after its types)."""
-    from pgrag import migrate
-
-    try:
-        with conn.transaction():
-            migrate.run_sql_file(conn, migrate.sql_dir() / "sample" / "shop_stats.sql")
-    except psycopg.Error as exc:
-        raise _database_error(exc) from exc
-
-
 def build_stats_statement(where: sql.Composable) -> sql.Composed:
     """Exact statistics of every chunk matching ``where`` (alias c), per document type."""
     return sql.SQL(
@@ -818,7 +807,6 @@ __all__ = [
     "build_statement",
     "build_stats_statement",
     "context",
-    "declare_sample_stats",
     "declare_stats",
     "forget_schemas",
     "make_request",

@@ -22,7 +22,6 @@ from .shop_fixture import load_tiny_shop
 def shop(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
     embedder: Embedder = default_embedder()
     load_tiny_shop(conn)
-    s.declare_sample_stats(conn)
     rows = conn.execute("select id, text from pgrag.chunks order by id").fetchall()
     vecs = embedder.embed([r[1] for r in rows])
     conn.execute("update pgrag.settings set embedding_model = %s", (embedder.name,))

@@ -128,8 +128,10 @@ def test_server_commands_on_the_embedded_default(tmp_path: Path) -> None:
         assert run_pgrag("server", "url", env=env).stdout.strip() == url
         r = run_pgrag("server", "psql", "-At", "-c", "select 40 + 2", env=env)
         assert r.returncode == 0 and r.stdout.strip() == "42", r.stderr
-        r = run_pgrag("demo", env=env)
+        r = run_pgrag("db", "upgrade", env=env)
         assert r.returncode == 0, r.stderr
+        r = run_pgrag("status", env=env)
+        assert r.returncode == 0 and "chunks:" in r.stdout, r.stderr
         r = run_pgrag("db", "downgrade", "base", env=env)
         assert r.returncode == 0 and "-> base" in r.stdout, r.stderr
     finally:

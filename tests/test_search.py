@@ -244,7 +244,6 @@ def _embed_all(conn: psycopg.Connection[Any], embedder: Embedder) -> None:
 @pytest.fixture
 def shop(conn: psycopg.Connection[Any], embedder: Embedder) -> psycopg.Connection[Any]:
     load_tiny_shop(conn)
-    s.declare_sample_stats(conn)
     _embed_all(conn, embedder)
     s.forget_schemas()
     return conn
