@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -81,8 +82,28 @@ def apply_downgrade(conn: Any, name: str) -> None:
     run_sql_file(conn, sql_dir() / "downgrade" / name)
 
 
-def apply_idempotent(conn: Any) -> None:
+_INTRODUCED = re.compile(r"^-- Introduced by revision (\d{4})", re.MULTILINE)
+
+
+def idempotent_files(up_to: str | None = None) -> list[Path]:
+    """The idempotent files in order; with ``up_to``, only those its revision already has.
+
+    Each file says which revision introduced it (``-- Introduced by revision NNNN``). A file
+    refers only to tables of that revision or earlier, so a database migrated to an
+    intermediate revision gets exactly the functions that revision knows.
+    """
+    files = []
     for path in sorted((sql_dir() / "idempotent").glob("*.sql")):
+        found = _INTRODUCED.search(path.read_text(encoding="utf-8"))
+        if found is None:
+            raise PgragError(f"{path.name} does not say which revision introduced it")
+        if up_to is None or found.group(1) <= up_to:
+            files.append(path)
+    return files
+
+
+def apply_idempotent(conn: Any, up_to: str | None = None) -> None:
+    for path in idempotent_files(up_to):
         run_sql_file(conn, path)
 
 
@@ -320,14 +341,14 @@ def _options_from_alembic_cli(context: Any) -> MigrationOptions:
 
 
 def revision_upgrade(revision: str, incremental: str | None) -> None:
-    """What every alembic revision's upgrade() does: its SQL file, then idempotent at head."""
+    """What every alembic revision's upgrade() does: its SQL file, then the idempotent files
+    it knows (re-applied at every step: they are idempotent, and later steps may replace them)."""
     from alembic import op
 
     bind = op.get_bind()
     if incremental is not None:
         apply_incremental(bind, incremental)
-    if revision == head():
-        apply_idempotent(bind)
+    apply_idempotent(bind, up_to=revision)
 
 
 def revision_downgrade(downgrade_file: str) -> None:

@@ -297,3 +297,38 @@ def test_frozen_incremental_files_do_not_change() -> None:
         digest, name = line.split()
         actual = hashlib.sha256((REPO / "sql" / "incremental" / name).read_bytes()).hexdigest()
         assert actual == digest, f"{name} is frozen (released): add a new incremental file instead"
+
+
+def test_downgrade_below_documents_removes_every_generated_object(empty_db_url: str) -> None:
+    from .shop_fixture import load_tiny_shop
+
+    def pgrag_schema() -> str:
+        out = subprocess.run(
+            [
+                str(bin_dir() / "pg_dump"),
+                "--schema-only",
+                "--schema=pgrag",
+                "--no-owner",
+                empty_db_url,
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        return "\n".join(ln for ln in out.splitlines() if not ln.startswith("\\"))
+
+    migrate.upgrade(empty_db_url, "0001")
+    reference = pgrag_schema()
+    migrate.upgrade(empty_db_url)
+    with psycopg.connect(empty_db_url) as conn:
+        load_tiny_shop(conn)  # customer_profile <- order_detail, with triggers on shop.*
+        conn.execute(
+            "select pgrag.declare_document('order_line', "
+            "'select order_item_id as source_key, order_id as parent_key, "
+            "quantity::text as text from shop.order_items', "
+            "'{\"shop.order_items\": \"select order_item_id from changed\"}', 'order_detail')"
+        )  # a third level: children must be dropped before their parents
+    migrate.downgrade(empty_db_url, "0001")
+    assert pgrag_schema() == reference
+    triggers = scalar(empty_db_url, "select count(*) from pg_trigger where tgname like 'pgrag_%'")
+    assert triggers == 0

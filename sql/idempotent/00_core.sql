@@ -1,4 +1,5 @@
 -- Core functions: re-applied by every migration that reaches head.
+-- Introduced by revision 0001: applied by that revision and every later one.
 -- Every function: schema pgrag, declared volatility, security invoker, fixed search_path.
 -- pgrag raises its own SQLSTATEs (class PR); pgrag/errors.py maps them to Python classes:
 --   PR002 dimension mismatch   PR003 invalid declaration   PR004 render failure

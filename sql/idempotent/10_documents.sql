@@ -1,4 +1,5 @@
 -- Document types: declare, drop, refresh (render into pgrag.chunks), sync triggers, verify.
+-- Introduced by revision 0002: applied by that revision and every later one.
 -- Re-applied by every migration that reaches head.
 --
 -- A document type renders from a relation (a view, usually) with one row per document:
@@ -144,16 +145,17 @@ begin
         begin
             -- Writers of one document take turns: a concurrent transaction re-rendering the
             -- same key waits here for the first to commit, then renders from a new snapshot
-            -- (READ COMMITTED takes one per statement), so the last commit's text wins. Up to
-            -- 1,000 keys lock one by one (in hash order: no deadlock between two of these);
-            -- a bigger or full refresh locks the whole type.
-            if keys is null or cardinality(keys) > 1000 then
+            -- (READ COMMITTED takes one per statement), so the last commit's text wins. Keys
+            -- lock by one of 256 buckets, in bucket order (no deadlock between two of these;
+            -- at most 256 lock-table entries per type per transaction); a full refresh locks
+            -- the whole type.
+            if keys is null then
                 perform pg_advisory_xact_lock(%6$s::bigint);
             else
                 perform pg_advisory_xact_lock_shared(%6$s::bigint);
-                perform pg_advisory_xact_lock(%6$s, hashtext(k))
-                   from (select distinct k from unnest(keys) as u(k)) d
-                  order by hashtext(k);
+                perform pg_advisory_xact_lock(%6$s, b)
+                   from (select distinct hashtext(k) & 255 as b from unnest(keys) as u(k)) d
+                  order by b;
             end if;
 
             if keys is null then
@@ -230,9 +232,12 @@ $fn$;
 
 create or replace function pgrag.sync_function_name(doc_type text, source_table regclass)
 returns text
-language sql immutable strict security invoker
+language sql stable strict security invoker
 set search_path = pg_catalog, pg_temp
-return format('sync_%s_%s', doc_type, source_table::oid);
+-- by the table's qualified name, not its OID, so the name survives a dump and restore
+return (select format('sync_%s_%s', doc_type, left(md5(n.nspname || '.' || c.relname), 10))
+          from pg_class c join pg_namespace n on n.oid = c.relnamespace
+         where c.oid = source_table);
 
 
 create or replace function pgrag.create_sync_function(doc_type text, source_table regclass)
@@ -246,7 +251,7 @@ as $fn$
 -- `set pgrag.sync = off` in a session skips it (bulk loads); run pgrag.refresh(type) after.
 declare
     kq text;
-    keys_sql text := 'select array_agg(distinct q.k::text) into keys from (%s) as q(k) where q.k is not null';
+    keys_sql text := E'select array_agg(distinct q.k::text) into keys from (%s\n) as q(k) where q.k is not null';
 begin
     select w.key_query into strict kq
       from pgrag.doc_watches w
@@ -300,9 +305,11 @@ begin
             execute format('drop trigger if exists %I on %s',
                            format('pgrag_%s_%s', doc_type, suffix), source_table);
         end loop;
-    end if;  -- else the table is gone, and its triggers with it
-    execute format('drop function if exists pgrag.%I()',
-                   pgrag.sync_function_name(doc_type, source_table));
+    end if;  -- else the table is gone, and its triggers with it (drop_document sweeps the rest)
+    if pgrag.sync_function_name(doc_type, source_table) is not null then
+        execute format('drop function if exists pgrag.%I()',
+                       pgrag.sync_function_name(doc_type, source_table));
+    end if;
 end
 $fn$;
 
@@ -373,6 +380,16 @@ begin
     delete from pgrag.doc_types d where d.name = t.name;
     execute format('drop function if exists pgrag.%I(text[])', 'store_' || t.name);
     execute format('drop function if exists pgrag.%I(text[])', 'render_' || t.name);
+    -- trigger functions of tables dropped meanwhile
+    for w in select p.proname from pg_proc p
+              where p.pronamespace = 'pgrag'::regnamespace
+                and p.proname ~ ('^sync_' || t.name || '_[0-9a-f]{10}$') loop
+        execute format('drop function if exists pgrag.%I()', w.proname);
+    end loop;
+    -- the parent's store function stops re-linking this type's chunks
+    if t.parent_type is not null then
+        perform pgrag.create_render_function(t.parent_type);
+    end if;
     if t.owns_source and exists (select 1 from pg_class where oid = t.source) then
         execute format('drop view %s', t.source);
     end if;
@@ -526,6 +543,9 @@ begin
     if parent_type is not null then
         perform pgrag.create_render_function(parent_type);  -- its store function re-links children
     end if;
+    if old.parent_type is not null and old.parent_type is distinct from parent_type then
+        perform pgrag.create_render_function(old.parent_type);  -- no longer its child
+    end if;
 
     -- the watched tables: each must exist and its key query must compile against it
     for w in select key as tbl_name, value as kq from jsonb_each(watches) loop
@@ -544,7 +564,7 @@ begin
         end if;
         begin
             execute format(
-                'with changed as (select * from %s limit 0) select array_agg(q.k::text) from (%s) as q(k)',
+                E'with changed as (select * from %s limit 0) select array_agg(q.k::text) from (%s\n) as q(k)',
                 tbl, w.kq #>> '{}');
         exception when others then
             raise exception using errcode = 'PR003',

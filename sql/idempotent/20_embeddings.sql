@@ -1,4 +1,5 @@
 -- Embeddings: the worker's claim and store, per-chunk failures, the caches, re-embedding.
+-- Introduced by revision 0003: applied by that revision and every later one.
 -- Re-applied by every migration that reaches head. Every function: schema pgrag, declared
 -- volatility, security invoker, fixed search_path. SQLSTATEs (pgrag/errors.py):
 --   PR002 dimension mismatch   PR006 invalid argument   PR007 model mismatch

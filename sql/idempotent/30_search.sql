@@ -1,4 +1,5 @@
 -- Search: vector (HNSW, filtered with iterative scans or an exact scan), full text, reciprocal
+-- Introduced by revision 0004: applied by that revision and every later one.
 -- rank fusion, exact statistics per document type, and context expansion. Re-applied by every
 -- migration that reaches head. Every function: schema pgrag, declared volatility, security
 -- invoker, fixed search_path. SQLSTATEs (pgrag/errors.py): PR002 dimension mismatch,
