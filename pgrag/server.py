@@ -9,11 +9,13 @@ unprivileged system user ``pgrag_postgres``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -158,10 +160,20 @@ class EmbeddedServer:
 
     # ---- internals ----
 
-    def _lock(self) -> filelock.BaseFileLock:
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        """One starter or stopper at a time per data directory, across processes."""
         digest = hashlib.sha256(str(self.data_dir).encode()).hexdigest()[:16]
-        path = Path(tempfile.gettempdir()) / f"pgrag-server-{digest}.lock"
-        return filelock.FileLock(str(path), timeout=START_TIMEOUT_S)
+        path = Path("/tmp" if os.name == "posix" else tempfile.gettempdir())
+        lock = filelock.FileLock(str(path / f"pgrag-server-{digest}.lock"), timeout=START_TIMEOUT_S)
+        try:
+            with lock:
+                yield
+        except filelock.Timeout as exc:
+            raise ServerError(
+                f"another process has been starting or stopping the server in {self.data_dir} "
+                f"for over {START_TIMEOUT_S} s: wait for it, or see {self.log_file}"
+            ) from exc
 
     def _check_data_dir(self) -> None:
         d = self.data_dir
@@ -262,8 +274,7 @@ class EmbeddedServer:
     def _pg_ctl_start(self) -> None:
         sock = socket_dir(self.data_dir)
         if sock != self.data_dir:
-            sock.mkdir(mode=0o777, parents=True, exist_ok=True)
-            sock.chmod(0o777)
+            self._private_socket_dir(sock)
         self._run(
             [
                 "pg_ctl",
@@ -274,11 +285,35 @@ class EmbeddedServer:
                 str(START_TIMEOUT_S),
                 "-l",
                 str(self.log_file),
-                "-o",
-                f"-k '{sock}'",
                 "start",
             ]
         )
+
+    def _private_socket_dir(self, sock: Path) -> None:
+        """The socket's directory outside the data directory (long paths): 0700, ours only.
+
+        The server trusts every local connection, so only the server's own user may reach the
+        socket; a directory someone else made first is refused.
+        """
+        owner = os.geteuid()
+        if self._as_root:
+            import pwd
+
+            owner = pwd.getpwnam(SYSTEM_USER).pw_uid
+        try:
+            sock.mkdir(mode=0o700)
+            if self._as_root:
+                os.chown(sock, owner, -1)
+        except FileExistsError:
+            pass
+        st = sock.lstat()
+        if not sock.is_dir() or sock.is_symlink() or st.st_uid != owner:
+            raise ServerError(
+                f"socket directory {sock} exists and is not the server's own: remove it, or "
+                f"set PGRAG_DATA_DIR to a shorter path (the socket then lives in it)"
+            )
+        if st.st_mode & 0o077:
+            sock.chmod(0o700)
 
     def _ensure_database(self, url: str) -> None:
         try:

@@ -86,3 +86,21 @@ def test_refuses_a_non_empty_directory_that_is_no_cluster(tmp_path: Path) -> Non
 def test_refuses_an_unwritable_directory() -> None:
     with pytest.raises(ServerError, match="cannot be created.*PGRAG_DATA_DIR"):
         EmbeddedServer(Path("/proc/pgrag-cannot-write-here")).start()
+
+
+def test_a_long_data_dir_puts_its_socket_in_a_private_directory(tmp_path: Path) -> None:
+    import stat
+
+    from pgrag.server import socket_dir
+
+    data = tmp_path / ("d" * 100)
+    server = EmbeddedServer(data)
+    try:
+        server.start()
+        sock = socket_dir(data)
+        assert sock != data
+        assert stat.S_IMODE(sock.stat().st_mode) == 0o700
+        with psycopg.connect(server.ensure()) as conn:
+            assert conn.execute("select 1").fetchone() == (1,)
+    finally:
+        server.stop()
