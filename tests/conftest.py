@@ -88,7 +88,16 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestServer]:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:  # noqa: ARG001
-    return [f"pgrag test database: {_origin_hint()}"]
+    lines = [f"pgrag test database: {_origin_hint()}"]
+    url = os.environ.get("PGRAG_TEST_DATABASE_URL")
+    if url:  # the other sources start during the session; their version is in the summary
+        try:
+            with psycopg.connect(url, connect_timeout=5) as conn:
+                row = conn.execute("show server_version").fetchone()
+            lines.append(f"pgrag test server: PostgreSQL {row[0] if row else '?'}")
+        except psycopg.Error as exc:
+            lines.append(f"pgrag test server: unreachable ({exc})")
+    return lines
 
 
 def _origin_hint() -> str:
@@ -182,6 +191,9 @@ def run_pgrag(
 ) -> subprocess.CompletedProcess[str]:
     """Run the installed ``pgrag`` command; returns the completed process (never raises)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("PGRAG_")}
+    # A test that forgets to choose must not start the per-user default server: point the
+    # default at a directory that cannot be created, so such a test fails loudly instead.
+    full_env["PGRAG_DATA_DIR"] = "/proc/pgrag-tests-never-use-the-default-data-dir"
     full_env.update(env or {})
     exe = shutil.which("pgrag", path=str(Path(sys.executable).parent)) or "pgrag"
     return subprocess.run(
