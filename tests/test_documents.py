@@ -372,3 +372,25 @@ def test_concurrent_writers_of_one_document_lose_nothing(shop_committed: str) ->
         ).fetchone()
         assert o10 is not None and "Cookbook x7" in o10[0]
         assert documents.verify(conn) == []
+
+
+def test_comparison_types_render_rows_apart_and_stay_in_sync(shop: psycopg.Connection[Any]) -> None:
+    from pgrag.sample_documents import declare_sample_documents
+
+    types = declare_sample_documents(shop, recent_orders=2, comparisons=True)
+    assert types == ("customer_profile", "order_detail", "table_row", "join_row")
+    shop.execute("select pgrag.refresh('table_row')")
+    shop.execute("select pgrag.refresh('join_row')")
+    counts = dict(
+        shop.execute(
+            "select doc_type, count(*) from pgrag.chunks where doc_type in "
+            "('table_row', 'join_row') group by 1"
+        ).fetchall()
+    )
+    assert counts == {"table_row": 3 + 3 + 4 + 5, "join_row": 5}  # every row apart; every item
+    row = chunk(shop, "join_row", "100")
+    assert row is not None and row["text"].startswith("Customer John Smith (id 1, VIP) order 10")
+    shop.execute("update shop.products set name = 'Optical Mouse' where product_id = 1")
+    row = chunk(shop, "join_row", "100")
+    assert row is not None and "Optical Mouse" in row["text"]
+    assert documents.verify(shop) == []

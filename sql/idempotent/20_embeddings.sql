@@ -163,13 +163,20 @@ begin
     order by t.h
     on conflict (model, content_hash) do nothing;
     -- Only where the text is still the text that was embedded: a chunk rewritten meanwhile has
-    -- another content_hash and stays queued.
+    -- another content_hash and stays queued. Rows a user transaction holds (a sync trigger
+    -- re-rendering them) are skipped, never waited for: the worker cannot deadlock with or
+    -- hold up a writer, and a skipped chunk stays queued with its vector already cached.
     return query
-        with written as (
+        with free as (
+            select c.id from pgrag.chunks c
+            where c.id = any(ids)
+            order by c.id
+            for no key update skip locked
+        ), written as (
             update pgrag.chunks c
             set embedding = t.v, embedding_model = model_name, embedded_at = now()
-            from unnest(ids, hashes, vectors) as t(id, h, v)
-            where c.id = t.id and c.content_hash = t.h and c.embedding is null
+            from unnest(ids, hashes, vectors) as t(id, h, v), free f
+            where c.id = t.id and f.id = c.id and c.content_hash = t.h and c.embedding is null
             returning c.id
         ), cleared as (
             delete from pgrag.embed_errors e using written w where e.chunk_id = w.id
