@@ -13,7 +13,7 @@ the rows. Then, per selectivity, side by side in the same run:
 - exact search (no index) as the ground truth for recall@10;
 
 and the full hybrid statement with exact stats, and end to end with the default embedder and a
-cold query cache. Prints markdown (docs/benchmarks-search.md).
+cold query cache. Prints markdown (docs/benchmarks.md, section Search).
 """
 
 from __future__ import annotations
