@@ -394,3 +394,14 @@ def test_comparison_types_render_rows_apart_and_stay_in_sync(shop: psycopg.Conne
     row = chunk(shop, "join_row", "100")
     assert row is not None and "Optical Mouse" in row["text"]
     assert documents.verify(shop) == []
+
+
+def test_a_session_with_other_date_settings_renders_the_same_text(
+    shop: psycopg.Connection[Any],
+) -> None:
+    shop.execute("set datestyle = 'SQL, DMY'")
+    shop.execute("set timezone = 'Asia/Tokyo'")
+    shop.execute("update shop.orders set status = 'delivered' where order_id = 11")
+    o11 = chunk(shop, "order_detail", "11")
+    assert o11 is not None and "on 2024-01-20: status delivered" in o11["text"]
+    assert documents.verify(shop) == []

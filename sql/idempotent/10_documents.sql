@@ -10,7 +10,9 @@
 -- Key queries run with search_path = pg_catalog, pg_temp: schema-qualify every table in them.
 --
 -- For every declared type pgrag generates, as static SQL inside plpgsql with cached generic
--- plans (a document view can take ~8 ms to plan; a session now plans it once):
+-- plans (a document view can take ~8 ms to plan; a session now plans it once), and with fixed
+-- DateStyle/IntervalStyle/TimeZone so a date in a key or a text renders the same in every
+-- session (otherwise two sessions could write two versions of one document):
 --   pgrag.render_<type>(keys)    the source view filtered by keys
 --   pgrag.store_<type>(keys)     render + upsert + delete + re-link children + NOTIFY
 --   pgrag.sync_<type>_<oid>()    the trigger function of one watched table (key query inlined)
@@ -77,6 +79,9 @@ begin
         language plpgsql stable security invoker rows 10
         set search_path = pg_catalog, pg_temp
         set plan_cache_mode = force_generic_plan
+        set datestyle = 'ISO, YMD'
+        set intervalstyle = 'postgres'
+        set timezone = 'UTC'
         as $body$
         begin
             if keys is null then
@@ -136,6 +141,9 @@ begin
         language plpgsql volatile security invoker
         set search_path = pg_catalog, pg_temp
         set plan_cache_mode = force_generic_plan
+        set datestyle = 'ISO, YMD'
+        set intervalstyle = 'postgres'
+        set timezone = 'UTC'
         as $body$
         declare
             n_up bigint;
@@ -262,6 +270,9 @@ begin
         returns trigger
         language plpgsql volatile security invoker
         set search_path = pg_catalog, pg_temp
+        set datestyle = 'ISO, YMD'
+        set intervalstyle = 'postgres'
+        set timezone = 'UTC'
         as $body$
         declare
             keys text[];
