@@ -402,6 +402,9 @@ def test_a_session_with_other_date_settings_renders_the_same_text(
     shop.execute("set datestyle = 'SQL, DMY'")
     shop.execute("set timezone = 'Asia/Tokyo'")
     shop.execute("update shop.orders set status = 'delivered' where order_id = 11")
+    assert documents.verify(shop) == []
+    shop.execute("reset datestyle")  # (psycopg reads timestamps in ISO only)
+    shop.execute("reset timezone")
     o11 = chunk(shop, "order_detail", "11")
     assert o11 is not None and "on 2024-01-20: status delivered" in o11["text"]
     assert documents.verify(shop) == []
