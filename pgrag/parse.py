@@ -45,6 +45,7 @@ SHOP_SCHEMAS: dict[str, dict[str, str]] = {
     ORDER_DETAIL: {
         "order_id": "integer",
         "customer_id": "integer",
+        "customer_name": "text",
         "order_date": "date",
         "status": "text",
         "total": "numeric",

@@ -408,3 +408,10 @@ def test_a_session_with_other_date_settings_renders_the_same_text(
     o11 = chunk(shop, "order_detail", "11")
     assert o11 is not None and "on 2024-01-20: status delivered" in o11["text"]
     assert documents.verify(shop) == []
+
+
+def test_the_parsers_shop_schemas_match_the_declared_ones(shop: psycopg.Connection[Any]) -> None:
+    from pgrag.parse import SHOP_SCHEMAS
+
+    declared = {t.name: t.metadata_schema for t in documents.list_types(shop)}
+    assert declared == SHOP_SCHEMAS
