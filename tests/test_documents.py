@@ -415,3 +415,41 @@ def test_the_parsers_shop_schemas_match_the_declared_ones(shop: psycopg.Connecti
 
     declared = {t.name: t.metadata_schema for t in documents.list_types(shop)}
     assert declared == SHOP_SCHEMAS
+
+
+def test_a_concurrent_move_reaches_the_document_it_moved_to(shop_committed: str) -> None:
+    """A re-assigns order 12 to customer 2; B, at the same time, edits order 12's item.
+
+    B's key query ran before A committed and named customer 1 only; after waiting for A, B
+    asks again and also re-renders customer 2, which now holds order 12 with B's change.
+    """
+    import threading
+
+    first = psycopg.connect(shop_committed)
+    second = psycopg.connect(shop_committed)
+    try:
+        first.execute("update shop.orders set customer_id = 2 where order_id = 12")
+        errors: list[BaseException] = []
+
+        def other() -> None:
+            try:
+                second.execute("update shop.order_items set quantity = 5 where order_item_id = 103")
+                second.commit()
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+
+        t = threading.Thread(target=other)
+        t.start()
+        t.join(0.5)
+        first.commit()
+        t.join(10)
+        assert not t.is_alive() and errors == []
+    finally:
+        first.close()
+        second.close()
+    with psycopg.connect(shop_committed) as conn:
+        p2 = conn.execute(
+            "select text from pgrag.chunks where doc_type = 'customer_profile' and source_key = '2'"
+        ).fetchone()
+        assert p2 is not None and "Bluetooth Headphones x5" in p2[0]
+        assert documents.verify(conn) == []

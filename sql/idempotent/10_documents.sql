@@ -266,7 +266,7 @@ begin
      where w.doc_type = create_sync_function.doc_type
        and w.source_table = create_sync_function.source_table;
     execute format($f$
-        create or replace function pgrag.%I()
+        create or replace function pgrag.%1$I()
         returns trigger
         language plpgsql volatile security invoker
         set search_path = pg_catalog, pg_temp
@@ -276,27 +276,38 @@ begin
         as $body$
         declare
             keys text[];
+            done text[] := '{}';
         begin
             if current_setting('pgrag.sync', true) = 'off' then
                 return null;
             end if;
-            if tg_op = 'INSERT' then
-                with changed as (select * from pgrag_new) %s;
-            elsif tg_op = 'UPDATE' then
-                with changed as (select * from pgrag_new union all select * from pgrag_old) %s;
-            elsif tg_op = 'DELETE' then
-                with changed as (select * from pgrag_old) %s;
+            if tg_op = 'TRUNCATE' then
+                perform pgrag.run_sync(%3$L, null, tg_op, tg_relid::regclass);
+                return null;
             end if;
-            if tg_op <> 'TRUNCATE' and keys is null then
-                return null;  -- no document affected
-            end if;
-            perform pgrag.run_sync(%L, keys, tg_op, tg_relid::regclass);
+            -- The key query reads other tables (an item's order's customer...) as of this
+            -- statement's start. Once our documents are re-rendered (after waiting for any
+            -- concurrent writer of them), ask again on a fresh snapshot: a concurrent commit
+            -- may have moved rows to documents we did not know of. Repeat until none is new.
+            loop
+                if tg_op = 'INSERT' then
+                    with changed as (select * from pgrag_new) %2$s;
+                elsif tg_op = 'UPDATE' then
+                    with changed as (select * from pgrag_new union all select * from pgrag_old) %2$s;
+                else
+                    with changed as (select * from pgrag_old) %2$s;
+                end if;
+                keys := array(select k from unnest(keys) as u(k) except select unnest(done));
+                exit when cardinality(keys) = 0;
+                perform pgrag.run_sync(%3$L, keys, tg_op, tg_relid::regclass);
+                done := done || keys;
+            end loop;
             return null;
         end
         $body$
         $f$,
         pgrag.sync_function_name(doc_type, source_table),
-        format(keys_sql, kq), format(keys_sql, kq), format(keys_sql, kq),
+        format(keys_sql, kq),
         doc_type);
 end
 $fn$;
