@@ -559,6 +559,8 @@ def search(
     qv: QueryVector | None = None
     timings: dict[str, float] = {}
     try:
+        if filter and schema is None:  # a bad filter fails before the model loads
+            schema = _filter_schema_sync(conn, filter, doc_types)
         if mode != "text" and vector is None and query:
             qv = _query_cache(embedder).embed(conn, query)
             vector, model = qv.vector, qv.model
@@ -607,21 +609,33 @@ def _query_cache(embedder: str | Embedder | QueryCache | None) -> QueryCache:
     return query_cache_for(embedder)
 
 
-def _request_sync(conn: psycopg.Connection[Any], **kw: Any) -> SearchRequest:
-    filter = kw["filter"]
-    if kw["schema"] is not None or not filter:
-        return make_request(**kw)
+def _filter_schema_sync(
+    conn: psycopg.Connection[Any], filter: Mapping[str, Any], doc_types: Sequence[str] | None
+) -> dict[str, str]:
+    """The searched types' metadata schema, checked against ``filter`` (InvalidFilter if not).
+
+    Schemas are cached per database for a short while; a filter that fails against the cached
+    ones is checked once more against fresh ones (a type may just have been declared).
+    """
     key = _db_key(conn)
     for attempt in range(2):
         schemas = _cached_schemas(key) if attempt == 0 else None
         if schemas is None:
             schemas = _store_schemas(key, conn.execute(_SCHEMA_QUERY).fetchall())
+        schema = schema_for(schemas, doc_types)
         try:
-            return make_request(**{**kw, "schema": schema_for(schemas, kw["doc_types"])})
+            compile_filter(filter, schema)
+            return schema
         except InvalidFilter:
             if attempt == 1:
                 raise
     raise AssertionError("unreachable")
+
+
+def _request_sync(conn: psycopg.Connection[Any], **kw: Any) -> SearchRequest:
+    if kw["schema"] is None and kw["filter"]:
+        kw["schema"] = _filter_schema_sync(conn, kw["filter"], kw["doc_types"])
+    return make_request(**kw)
 
 
 async def _request_async(conn: psycopg.AsyncConnection[Any], **kw: Any) -> SearchRequest:

@@ -115,6 +115,12 @@ class SentenceTransformerEmbedder:
                         f"sentence-transformers is not installed: {INSTALL_HINT}, or use "
                         f"--model onnx (no PyTorch)"
                     ) from exc
+                try:  # transformers draws a "Loading weights" bar on stderr: not ours to show
+                    from transformers.utils import logging as hf_logging
+
+                    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+                except ImportError:
+                    pass
                 try:
                     self._model = SentenceTransformer(
                         self._source, device=self._device, local_files_only=True
