@@ -638,22 +638,30 @@ def _request_sync(conn: psycopg.Connection[Any], **kw: Any) -> SearchRequest:
     return make_request(**kw)
 
 
-async def _request_async(conn: psycopg.AsyncConnection[Any], **kw: Any) -> SearchRequest:
-    filter = kw["filter"]
-    if kw["schema"] is not None or not filter:
-        return make_request(**kw)
+async def _filter_schema_async(
+    conn: psycopg.AsyncConnection[Any], filter: Mapping[str, Any], doc_types: Sequence[str] | None
+) -> dict[str, str]:
+    """``_filter_schema_sync`` for an async connection."""
     key = _db_key(conn)
     for attempt in range(2):
         schemas = _cached_schemas(key) if attempt == 0 else None
         if schemas is None:
             cur = await conn.execute(_SCHEMA_QUERY)
             schemas = _store_schemas(key, await cur.fetchall())
+        schema = schema_for(schemas, doc_types)
         try:
-            return make_request(**{**kw, "schema": schema_for(schemas, kw["doc_types"])})
+            compile_filter(filter, schema)
+            return schema
         except InvalidFilter:
             if attempt == 1:
                 raise
     raise AssertionError("unreachable")
+
+
+async def _request_async(conn: psycopg.AsyncConnection[Any], **kw: Any) -> SearchRequest:
+    if kw["schema"] is None and kw["filter"]:
+        kw["schema"] = await _filter_schema_async(conn, kw["filter"], kw["doc_types"])
+    return make_request(**kw)
 
 
 async def asearch(
@@ -681,6 +689,8 @@ async def asearch(
     qv: QueryVector | None = None
     timings: dict[str, float] = {}
     try:
+        if filter and schema is None:  # a bad filter fails before the model loads
+            schema = await _filter_schema_async(conn, filter, doc_types)
         if mode != "text" and vector is None and query:
             qv = await _query_cache(embedder).aembed(conn, query)
             vector, model = qv.vector, qv.model
