@@ -12,8 +12,26 @@ from pgrag.eval.metrics import (
     recall_at_k,
     reciprocal_rank,
 )
+from pgrag.eval.questions import (
+    Question,
+    Relevant,
+    generate_shop_questions,
+    generate_type_questions,
+    labels,
+    qrels,
+    read_jsonl,
+    write_jsonl,
+)
 
 __all__ = [
+    "Question",
+    "Relevant",
+    "generate_shop_questions",
+    "generate_type_questions",
+    "labels",
+    "qrels",
+    "read_jsonl",
+    "write_jsonl",
     "Means",
     "QueryScores",
     "Report",
