@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from pgrag.search import ContextRow, SearchResult
 from pgrag.errors import (
     ConnectionFailed,
-    DimensionMismatch,
     MissingExtension,
     NotMigrated,
     PgragError,
@@ -167,18 +166,19 @@ class Client:
         return row
 
     def check_dimension(self, dim: int) -> None:
-        """Raise DimensionMismatch unless ``dim`` is the store's dimension."""
-        stored = self.settings().embedding_dim
-        if dim != stored:
-            raise DimensionMismatch(
-                f"embedding dimension {dim} does not match this store's {stored}: use a model "
-                f"with {stored} dimensions, or re-embed with `pgrag reembed --model ...`"
-            )
+        """Raise DimensionMismatch unless ``dim`` is the store's dimension (SQL: the same check
+        as ``pgrag.check_dimension``, which owns the message)."""
+        self.require_schema()
+        with self.connection() as conn:
+            conn.execute("select pgrag.check_dimension(%s)", (dim,))
 
     def require_schema(self) -> None:
+        """Raise NotMigrated unless the database is at pgrag's head (on a pooled connection)."""
         from pgrag import migrate
 
-        migrate.require_head(self.url)
+        with self.connection() as conn:
+            at = migrate.current_on(conn)
+        migrate.check_head(at)
 
     # ---- document types (pgrag/documents.py) ----
 

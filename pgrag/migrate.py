@@ -202,15 +202,20 @@ def current(url: str) -> str | None:
     from pgrag.db import connect_once
 
     with connect_once(url) as conn:
-        exists = conn.execute(
-            "select to_regclass(%s) is not null", (f"public.{VERSION_TABLE}",)
-        ).fetchone()
-        if not exists or not exists[0]:
-            return None
-        row = conn.execute(
-            sql.SQL("select version_num from {}").format(sql.Identifier("public", VERSION_TABLE))
-        ).fetchone()
-        return str(row[0]) if row else None
+        return current_on(conn)
+
+
+def current_on(conn: psycopg.Connection[Any]) -> str | None:
+    """``current`` on a connection the caller already holds."""
+    exists = conn.execute(
+        "select to_regclass(%s) is not null", (f"public.{VERSION_TABLE}",)
+    ).fetchone()
+    if not exists or not exists[0]:
+        return None
+    row = conn.execute(
+        sql.SQL("select version_num from {}").format(sql.Identifier("public", VERSION_TABLE))
+    ).fetchone()
+    return str(row[0]) if row else None
 
 
 def head() -> str:
@@ -231,7 +236,11 @@ def history() -> list[tuple[str, str]]:
 
 def require_head(url: str) -> None:
     """Raise NotMigrated unless the database is at pgrag's head revision."""
-    at = current(url)
+    check_head(current(url))
+
+
+def check_head(at: str | None) -> None:
+    """Raise NotMigrated unless revision ``at`` is pgrag's head."""
     want = head()
     if at != want:
         where = "has no pgrag schema" if at is None else f"is at revision {at}"
