@@ -1,0 +1,2 @@
+-- Undo 0005 exactly.
+drop table pgrag.eval_runs;
