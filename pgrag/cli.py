@@ -377,9 +377,9 @@ def status(state: _State) -> None:
 def _register_subcommands() -> None:
     from pgrag.cli_embed import embed, reembed, worker
     from pgrag.cli_sample import sample
-    from pgrag.cli_search import ask, demo, search
+    from pgrag.cli_search import ask, demo, search, tune
 
-    for command in (sample, embed, worker, reembed, search, ask, demo):
+    for command in (sample, embed, worker, reembed, search, ask, demo, tune):
         cli.add_command(command)
 
 

@@ -10,8 +10,8 @@ import click
 from pgrag.documents import RebuildStats
 
 
-def rebuild_progress() -> Callable[[str, int, int], None]:
-    """A tqdm bar per document type, fed by documents.rebuild's progress callback."""
+def rebuild_progress(unit: str = "doc") -> Callable[[str, int, int], None]:
+    """A tqdm bar per name (document type, stage), fed by a (name, done, total) callback."""
     from tqdm import tqdm
 
     bars: dict[str, Any] = {}
@@ -20,7 +20,7 @@ def rebuild_progress() -> Callable[[str, int, int], None]:
         bar = bars.get(doc_type)
         if bar is None:
             bar = bars[doc_type] = tqdm(
-                total=total, desc=doc_type, unit="doc", disable=None, leave=True
+                total=total, desc=doc_type, unit=unit, disable=None, leave=True
             )
         bar.update(done - bar.n)
         if done >= total:

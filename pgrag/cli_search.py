@@ -290,4 +290,81 @@ def demo(
     )
 
 
-COMMANDS = (search, ask, demo)
+@click.command("tune", context_settings=CONTEXT_SETTINGS)
+@click.option(
+    "--target",
+    type=click.FloatRange(0, 1, min_open=True),
+    default=0.95,
+    show_default=True,
+    help="Mean recall@k against exact search to reach.",
+)
+@click.option("-k", "k", type=click.IntRange(1, 1000), default=10, show_default=True)
+@click.option(
+    "--queries",
+    type=click.IntRange(1, 10_000),
+    default=50,
+    show_default=True,
+    help="Query vectors: recent questions from the query cache, else sampled chunks.",
+)
+@click.option("--dry-run", is_flag=True, help="Measure and report; store nothing.")
+@click.option("--reset", is_flag=True, help="Remove the stored value and exit.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+def tune(
+    ctx: click.Context,
+    target: float,
+    k: int,
+    queries: int,
+    dry_run: bool,
+    reset: bool,
+    as_json: bool,
+) -> None:
+    """Size HNSW ef_search to this store: the smallest value reaching the recall target.
+
+    Computes the exact top-k of each query vector (index disabled), then walks ef_search
+    40, 60, 80, ... 1000 through the index until the mean recall@k reaches --target, and stores
+    it as the database default (ALTER DATABASE ... SET pgrag.ef_search), which every search
+    without an explicit ef_search uses from its next connection on. Exact search reads every
+    vector: at 1,000,000 chunks allow a few seconds per query.
+    """
+    from pgrag.cli_common import rebuild_progress
+    from pgrag.db import connect
+    from pgrag.tune import store
+    from pgrag.tune import tune as run
+
+    with connect(_url(ctx)) as client, client.connection() as conn:
+        if reset:
+            store(conn, None)
+            click.echo("pgrag.ef_search removed: searches use 2 x candidates (at least 40)")
+            return
+        result = run(
+            conn,
+            k=k,
+            target=target,
+            queries=queries,
+            apply=not dry_run,
+            progress=None if as_json else rebuild_progress("step"),
+        )
+    if as_json:
+        click.echo(_dump(result))
+        return
+    click.echo(
+        f"{result.chunks:,} chunks, {result.queries} query vectors from {result.source}, "
+        f"recall@{result.k} against exact search:"
+    )
+    click.echo("ef_search  recall  p50 ms  p95 ms")
+    for p in result.points:
+        click.echo(f"{p.ef_search:>9}  {p.recall:6.3f}  {p.p50_ms:6.2f}  {p.p95_ms:6.2f}")
+    if result.chosen is None:
+        best = max(result.points, key=lambda p: p.recall)
+        click.echo(
+            f"no ef_search up to 1000 reaches recall {target} (best {best.recall:.3f} at "
+            f"{best.ef_search}); nothing stored. The index graph is the limit: rebuild it with "
+            "larger m / ef_construction (docs/search.md, 'Tuning')."
+        )
+        ctx.exit(1)
+    verb = "stored as the database default" if result.applied else "not stored (--dry-run)"
+    click.echo(f"ef_search {result.chosen}: {verb} (was {result.previous or 'unset'})")
+
+
+COMMANDS = (search, ask, demo, tune)

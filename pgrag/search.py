@@ -67,7 +67,11 @@ DOC_TYPE = sql.Identifier(_C, "doc_type")
 # One statement before the search, in the same transaction and pipeline.
 SETTINGS: LiteralString = (
     "select set_config('hnsw.iterative_scan', 'relaxed_order', true), "
-    "set_config('hnsw.ef_search', %(ef_search)s, true), "
+    "set_config('hnsw.ef_search', (case when %(ef_tuned)s "
+    "and current_setting('pgrag.ef_search', true) ~ '^[0-9]{1,4}$' "
+    "then greatest(%(ef_search)s::integer, "
+    "least(current_setting('pgrag.ef_search', true)::integer, 1000)) "
+    "else %(ef_search)s::integer end)::text, true), "
     "set_config('hnsw.max_scan_tuples', %(max_scan_tuples)s, true)"
 )
 
@@ -340,7 +344,8 @@ def make_request(
         "text": text,
         "model": model,
         "doc_types": list(doc_types) if doc_types is not None else None,
-        "ef_search": str(ef),
+        "ef_search": ef,
+        "ef_tuned": ef_search is None,  # pgrag tune's database default may raise it
         "max_scan_tuples": str(max(MIN_MAX_SCAN_TUPLES, 200 * kc)),
     }
     if mode != "text":

@@ -228,8 +228,14 @@ begin
     if doc_types is not null then
         where_sql := where_sql || ' and c.doc_type = any($6)';
     end if;
+    -- No ef_search given: at least the database default `pgrag tune` stored (pgrag/tune.py).
     perform set_config('hnsw.ef_search',
-                       greatest(coalesce(ef_search, 2 * kc), kc, 40)::text, true);
+                       greatest(coalesce(ef_search, 2 * kc), kc, 40,
+                                case when ef_search is null
+                                      and current_setting('pgrag.ef_search', true) ~ '^[0-9]{1,4}$'
+                                     then least(current_setting('pgrag.ef_search', true)::integer,
+                                                1000)
+                                end)::text, true);
     perform set_config('hnsw.max_scan_tuples',
                        greatest(20000, 200 * kc)::text, true);
     stmt := 'with ';

@@ -1,0 +1,218 @@
+"""Size HNSW's ``ef_search`` to the store: the smallest value that reaches a recall target.
+
+Recall of an HNSW top-k depends on the data and the index, not on k alone: on 384-d sentence
+embeddings ef_search 40 (pgvector's default) gives recall@10 ~0.9 at 100,000 chunks and ~0.5 on
+the same kind of data at 1,000,000 (docs/benchmarks.md). ``tune`` measures it on the store
+itself: it takes query vectors (real questions from ``pgrag.query_cache`` when there are enough,
+otherwise chunk vectors, which then do not count themselves), computes the exact top-k with the
+index disabled, walks a ladder of ef_search values through the index (with the iterative scan
+pgrag searches with) and picks the smallest value whose mean recall reaches the target.
+
+The choice is stored as a database default, ``ALTER DATABASE ... SET pgrag.ef_search = N``;
+every search that does not pass ``ef_search`` itself uses ``max(N, 2 x candidates)``
+(``pgrag/search.py`` and ``pgrag.run_search``). New sessions see it; pooled connections opened
+before keep the previous value until they reconnect.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, LiteralString
+
+import numpy as np
+import psycopg
+from psycopg import sql
+
+from pgrag.errors import ConfigError, PgragError
+
+LADDER: tuple[int, ...] = (40, 60, 80, 100, 150, 200, 300, 400, 600, 800, 1000)
+SETTING = "pgrag.ef_search"
+MIN_QUESTIONS = 20
+
+_QUESTIONS: LiteralString = (
+    "select q.embedding::real[] from pgrag.query_cache q, pgrag.settings s "
+    "where q.model = s.embedding_model and vector_dims(q.embedding) = s.embedding_dim "
+    "order by q.created_at desc limit %(n)s"
+)
+_CHUNKS: LiteralString = (
+    "select id, embedding::real[] from pgrag.chunks where embedding is not null "
+    "order by md5(id::text || %(seed)s::text) limit %(n)s"
+)
+_EXACT: LiteralString = (
+    "select id from pgrag.chunks where embedding is not null "
+    "order by embedding <=> %(v)s::real[]::vector limit %(n)s"
+)
+_INDEX: LiteralString = (
+    "select id from (select id, embedding <=> %(v)s::real[]::vector as d from pgrag.chunks "
+    "where embedding is not null order by d limit %(n)s) s order by d"
+)
+_SETTINGS: LiteralString = (
+    "select set_config('hnsw.iterative_scan', 'relaxed_order', true), "
+    "set_config('hnsw.ef_search', %(ef)s, true), "
+    "set_config('enable_seqscan', 'off', true)"  # a small store would be scanned, not searched
+)
+
+
+@dataclass(frozen=True)
+class TunePoint:
+    """Recall and latency of the index at one ef_search."""
+
+    ef_search: int
+    recall: float
+    p50_ms: float
+    p95_ms: float
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """What ``tune`` measured and chose; ``chosen`` is None when no value reached the target."""
+
+    chunks: int
+    queries: int
+    source: str  # "questions" (pgrag.query_cache) or "chunks"
+    k: int
+    target: float
+    points: tuple[TunePoint, ...]
+    chosen: int | None
+    applied: bool
+    previous: int | None
+
+
+def current_setting(conn: psycopg.Connection[Any]) -> int | None:
+    """The stored ``pgrag.ef_search`` this session sees, or None."""
+    row = conn.execute("select current_setting('pgrag.ef_search', true)").fetchone()
+    value = row[0] if row else None
+    return int(value) if value and str(value).isdigit() else None
+
+
+def _query_vectors(
+    conn: psycopg.Connection[Any], n: int, seed: int
+) -> tuple[str, list[np.ndarray[Any, Any]], list[int | None]]:
+    rows = conn.execute(_QUESTIONS, {"n": n}).fetchall()
+    if len(rows) >= min(n, MIN_QUESTIONS):
+        return "questions", [np.asarray(r[0], dtype=np.float32) for r in rows], [None] * len(rows)
+    rows = conn.execute(_CHUNKS, {"n": n, "seed": seed}).fetchall()
+    return (
+        "chunks",
+        [np.asarray(r[1], dtype=np.float32) for r in rows],
+        [int(r[0]) for r in rows],
+    )
+
+
+def _ids(conn: psycopg.Connection[Any], stmt: LiteralString, v: Any, n: int) -> list[int]:
+    return [int(r[0]) for r in conn.execute(stmt, {"v": v.tolist(), "n": n}).fetchall()]
+
+
+def _exact(conn: psycopg.Connection[Any], v: Any, n: int) -> list[int]:
+    with conn.transaction():
+        conn.execute("set local enable_indexscan = off")
+        return _ids(conn, _EXACT, v, n)
+
+
+def tune(
+    conn: psycopg.Connection[Any],
+    *,
+    k: int = 10,
+    target: float = 0.95,
+    queries: int = 50,
+    ladder: Sequence[int] = LADDER,
+    apply: bool = True,
+    seed: int = 1,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> TuneResult:
+    """Measure recall@k against exact search along ``ladder``; store the smallest ef_search
+    reaching ``target`` as the database default (unless ``apply`` is False)."""
+    if not 1 <= k <= 1000:
+        raise ConfigError(f"k = {k} is out of range: use 1 to 1,000")
+    if not 0 < target <= 1:
+        raise ConfigError(f"target recall {target} is out of range: use a number in (0, 1]")
+    if not 1 <= queries <= 10_000:
+        raise ConfigError(f"queries = {queries} is out of range: use 1 to 10,000")
+    steps = sorted(set(ladder))
+    if not steps or steps[0] < 1 or steps[-1] > 1000:
+        raise ConfigError("ef_search values must be within 1 to 1,000")
+    row = conn.execute("select count(*) from pgrag.chunks where embedding is not null").fetchone()
+    chunks = int(row[0]) if row else 0
+    if chunks <= k:
+        raise PgragError(
+            f"the store has {chunks} chunks with vectors: tuning needs more than k = {k}; "
+            "embed first (pgrag embed)"
+        )
+    previous = current_setting(conn)
+    source, vecs, own = _query_vectors(conn, queries, seed)
+    truths: list[set[int]] = []
+    for i, (v, self_id) in enumerate(zip(vecs, own, strict=True)):
+        ids = [x for x in _exact(conn, v, k + 1) if x != self_id][:k]
+        truths.append(set(ids))
+        if progress:
+            progress("exact", i + 1, len(vecs))
+    points: list[TunePoint] = []
+    chosen: int | None = None
+    for j, ef in enumerate(steps):
+        recalls, times = [], []
+        for v, self_id, truth in zip(vecs, own, truths, strict=True):
+            with conn.transaction():
+                conn.execute(_SETTINGS, {"ef": str(ef)})
+                t = time.perf_counter()
+                got = _ids(conn, _INDEX, v, k + 1)
+                times.append((time.perf_counter() - t) * 1000)
+            got = [x for x in got if x != self_id][:k]
+            recalls.append(len(truth & set(got)) / max(len(truth), 1))
+        point = TunePoint(
+            ef_search=ef,
+            recall=statistics.fmean(recalls),
+            p50_ms=float(np.percentile(times, 50)),
+            p95_ms=float(np.percentile(times, 95)),
+        )
+        points.append(point)
+        if progress:
+            progress("ef_search", j + 1, len(steps))
+        if point.recall >= target:
+            chosen = ef
+            break
+    applied = False
+    if apply and chosen is not None:
+        store(conn, chosen)
+        applied = True
+    return TuneResult(
+        chunks=chunks,
+        queries=len(vecs),
+        source=source,
+        k=k,
+        target=target,
+        points=tuple(points),
+        chosen=chosen,
+        applied=applied,
+        previous=previous,
+    )
+
+
+def store(conn: psycopg.Connection[Any], ef_search: int | None) -> None:
+    """Make ``ef_search`` the database's default for pgrag searches (None: remove it)."""
+    if ef_search is not None and not 1 <= ef_search <= 1000:
+        raise ConfigError(f"ef_search = {ef_search} is out of range: use 1 to 1,000")
+    row = conn.execute("select current_database()").fetchone()
+    assert row is not None
+    db = sql.Identifier(str(row[0]))
+    stmt = (
+        sql.SQL("alter database {} set pgrag.ef_search = {}").format(
+            db, sql.Literal(str(ef_search))
+        )
+        if ef_search is not None
+        else sql.SQL("alter database {} reset pgrag.ef_search").format(db)
+    )
+    try:
+        with conn.transaction():
+            conn.execute(stmt)
+    except psycopg.errors.InsufficientPrivilege as exc:
+        raise PgragError(
+            f"cannot store pgrag.ef_search: {str(exc).strip().splitlines()[0]}; run pgrag tune "
+            "as the database owner, or set it per role: ALTER ROLE <role> SET pgrag.ef_search = N"
+        ) from exc
+    conn.execute(
+        "select set_config('pgrag.ef_search', %s, false)",
+        ("" if ef_search is None else str(ef_search),),
+    )

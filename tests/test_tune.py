@@ -1,0 +1,136 @@
+"""pgrag tune: recall measured against exact search, ef_search stored and used by searches."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+from pgvector.psycopg import register_vector
+from psycopg.types.json import Jsonb
+
+from pgrag import search as s
+from pgrag import tune as t
+from pgrag.errors import ConfigError, PgragError
+
+from .conftest import run_pgrag
+
+DIM = 384
+ROWS = 4_000
+
+
+def _load(url: str, rows: int = ROWS, clusters: int = 50) -> None:
+    """Clustered unit vectors, the HNSW index rebuilt after the load."""
+    rng = np.random.default_rng(5)
+    centers = rng.normal(size=(clusters, DIM)) * (clusters > 1)
+    vecs = centers[rng.integers(0, clusters, size=rows)] + rng.normal(scale=1.2, size=(rows, DIM))
+    vecs = (vecs / np.linalg.norm(vecs, axis=1, keepdims=True)).astype(np.float32)
+    with psycopg.connect(url) as conn:
+        register_vector(conn)
+        ddl = conn.execute(
+            "select indexdef from pg_indexes where indexname = 'chunks_embedding_hnsw'"
+        ).fetchone()
+        assert ddl is not None
+        conn.execute("drop index pgrag.chunks_embedding_hnsw")
+        conn.execute("update pgrag.settings set embedding_model = 'synthetic'")
+        with conn.cursor().copy(
+            "copy pgrag.chunks (doc_type, source_key, text, metadata, embedding) "
+            "from stdin (format binary)"
+        ) as cp:
+            cp.set_types(["text", "text", "text", "jsonb", "vector"])
+            for i in range(rows):
+                cp.write_row(("synthetic", str(i), f"chunk {i}", Jsonb({}), vecs[i]))
+        conn.execute(str(ddl[0]).encode())
+
+
+def _search_ef(conn: psycopg.Connection[Any], **kw: Any) -> int:
+    """The hnsw.ef_search a search ran with (its settings are local to the transaction)."""
+    vec = np.ones(DIM, dtype=np.float32) / np.sqrt(DIM)
+    s.search(conn, vector=vec, model="synthetic", k=10, mode="vector", schema={}, **kw)
+    row = conn.execute("show hnsw.ef_search").fetchone()
+    conn.rollback()
+    assert row is not None
+    return int(row[0])
+
+
+def test_tune_stores_the_smallest_ef_search_reaching_the_target(db_url: str) -> None:
+    _load(db_url)
+    with psycopg.connect(db_url) as conn:
+        register_vector(conn)
+        result = t.tune(conn, target=0.9, queries=20, ladder=(40, 80, 160, 320, 640))
+        assert result.source == "chunks" and result.queries == 20 and result.chunks == ROWS
+        assert result.chosen is not None and result.applied and result.previous is None
+        # the ladder stops at the first value reaching the target, and that one is chosen
+        assert result.points[-1].ef_search == result.chosen
+        assert result.points[-1].recall >= 0.9
+        assert all(p.recall < 0.9 for p in result.points[:-1])
+        chosen = result.chosen
+    with psycopg.connect(db_url) as conn:  # a new session sees the database default
+        register_vector(conn)
+        assert t.current_setting(conn) == chosen
+        assert _search_ef(conn) == max(chosen, 40)
+        assert _search_ef(conn, ef_search=55) == 55  # an explicit value wins
+        t.store(conn, 700)
+        assert _search_ef(conn) == 700  # the session's own value follows the store at once
+        t.store(conn, None)
+        assert t.current_setting(conn) is None
+        assert _search_ef(conn) == 40
+
+
+def test_unreachable_target_stores_nothing_and_bad_arguments_are_config_errors(
+    db_url: str,
+) -> None:
+    with psycopg.connect(db_url) as conn:
+        register_vector(conn)
+        with pytest.raises(PgragError, match="embed first"):
+            t.tune(conn)
+    _load(db_url, clusters=1)
+    with psycopg.connect(db_url) as conn:
+        register_vector(conn)
+        # ef_search 1 and 2 on 4,000 uniform 384-d vectors (no neighbours worth the name): 20
+        # queries never all find their exact top 10
+        result = t.tune(conn, target=1.0, queries=20, ladder=(1, 2))
+        assert result.chosen is None and not result.applied
+        assert [p.ef_search for p in result.points] == [1, 2]
+        assert t.current_setting(conn) is None
+        for kw in ({"k": 0}, {"target": 1.5}, {"queries": 0}, {"ladder": (0, 5000)}):
+            with pytest.raises(ConfigError):
+                t.tune(conn, **kw)
+
+
+def test_a_garbage_database_default_is_ignored_by_the_python_and_sql_searches(
+    db_url: str,
+) -> None:
+    _load(db_url, rows=500)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            "do $$ begin execute format('alter database %I set pgrag.ef_search = %L', "
+            "current_database(), 'lots'); end $$"
+        )
+    with psycopg.connect(db_url) as conn:
+        register_vector(conn)
+        assert t.current_setting(conn) is None
+        assert _search_ef(conn) == 40
+        vec = (np.ones(DIM, dtype=np.float32) / np.sqrt(DIM)).tolist()
+        rows = conn.execute("select * from pgrag.search(%s::real[]::vector, 5)", (vec,)).fetchall()
+        assert len(rows) == 5
+
+
+def test_cli_tune_dry_run_json_and_reset(db_url: str) -> None:
+    _load(db_url, rows=1_000)
+    env = {"PGRAG_DATABASE_URL": db_url}
+    out = run_pgrag("tune", "--dry-run", "--json", "--queries", "10", "--target", "0.5", env=env)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["chosen"] is not None and data["applied"] is False
+    with psycopg.connect(db_url) as conn:
+        assert t.current_setting(conn) is None
+    out = run_pgrag("tune", "--queries", "10", "--target", "0.5", env=env)
+    assert out.returncode == 0, out.stderr
+    assert "stored as the database default" in out.stdout
+    out = run_pgrag("tune", "--reset", env=env)
+    assert out.returncode == 0 and "removed" in out.stdout
+    out = run_pgrag("tune", "--target", "2", env=env)
+    assert out.returncode == 2 and "--target" in out.stderr
