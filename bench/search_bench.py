@@ -2,11 +2,9 @@
 
     python bench/search_bench.py --rows 100000 [--database-url URL] [--queries 200]
 
-Fills ``pgrag.chunks`` of a *fresh migrated database* (it deletes every chunk) with synthetic
-clustered 384-d unit vectors (a Gaussian mixture: real sentence embeddings are clustered too,
-and uniform random vectors in 384 dimensions have no nearest neighbours worth the name), texts
-drawn from per-cluster vocabularies, and metadata whose keys select 100%, 10%, 1% and 0.1% of
-the rows. Then, per selectivity, side by side in the same run:
+Fills ``pgrag.chunks`` of a *fresh migrated database* (it deletes every chunk) with the
+synthetic chunks of ``pgrag/synthetic.py`` (clustered 384-d unit vectors, metadata keys
+selecting 100%, 10%, 1% and 0.1% of the rows). Then, per selectivity, side by side in the same run:
 
 - bare pgvector: ``where filter order by embedding <=> q limit 10`` with default settings;
 - pgrag's filtered vector search (``pgrag.search.search(mode="vector")``);
@@ -21,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -29,108 +26,15 @@ from typing import Any
 import numpy as np
 import psycopg
 from pgvector.psycopg import register_vector
-from psycopg.types.json import Jsonb
 
-DIM = 384
-CLUSTERS = 200
-VOCAB_PER_CLUSTER = 20
-SELECTIVITIES: dict[str, dict[str, Any] | None] = {
-    "100%": {"all": True},
-    "10%": {"p10": True},
-    "1%": {"p1": True},
-    "0.1%": {"p01": True},
-}
-
-
-def synthetic_rows(
-    n: int, seed: int = 7
-) -> tuple[np.ndarray[Any, Any], list[str], list[dict[str, Any]]]:
-    """Vectors (n x DIM, unit length), texts and metadata JSON for n chunks."""
-    rng = np.random.default_rng(seed)
-    centers = rng.normal(size=(CLUSTERS, DIM)).astype(np.float32)
-    cluster = rng.integers(0, CLUSTERS, size=n)
-    vecs = centers[cluster] + rng.normal(scale=1.2, size=(n, DIM)).astype(np.float32)
-    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
-    pick = rng.permutation(n)  # selectivity independent of the physical order and the vectors
-    words = rng.integers(0, VOCAB_PER_CLUSTER, size=(n, 4))
-    noise = rng.integers(0, CLUSTERS * VOCAB_PER_CLUSTER, size=(n, 4))
-    texts: list[str] = []
-    metas: list[dict[str, Any]] = []
-    for i in range(n):
-        c = int(cluster[i])
-        own = " ".join(f"w{c}x{w}" for w in words[i])
-        other = " ".join(f"w{w // VOCAB_PER_CLUSTER}x{w % VOCAB_PER_CLUSTER}" for w in noise[i])
-        texts.append(f"synthetic chunk {i} about topic {c}: {own} {other}")
-        p = int(pick[i])
-        meta: dict[str, Any] = {"all": True, "topic": c, "bucket": p % 1000}
-        if p % 10 == 0:
-            meta["p10"] = True
-        if p % 100 == 0:
-            meta["p1"] = True
-        if p % 1000 == 0:
-            meta["p01"] = True
-        metas.append(meta)
-    return vecs, texts, metas
-
-
-def load(url: str, n: int, *, seed: int = 7, quiet: bool = False) -> float:
-    """Replace every chunk with n synthetic ones and rebuild the HNSW index; seconds taken."""
-    started = time.perf_counter()
-    vecs, texts, metas = synthetic_rows(n, seed)
-    with psycopg.connect(url) as conn:
-        register_vector(conn)
-        hnsw = conn.execute(
-            "select indexdef from pg_indexes where indexname = 'chunks_embedding_hnsw'"
-        ).fetchone()
-        assert hnsw is not None, "migrate the database first (pgrag db upgrade)"
-        conn.execute("drop index pgrag.chunks_embedding_hnsw")
-        conn.execute("delete from pgrag.chunks")
-        conn.execute("update pgrag.settings set embedding_model = 'synthetic'")
-        with conn.cursor().copy(
-            "copy pgrag.chunks (doc_type, source_key, text, metadata, embedding, "
-            "embedding_model) from stdin (format binary)"
-        ) as cp:
-            cp.set_types(["text", "text", "text", "jsonb", "vector", "text"])
-            for i in range(n):
-                cp.write_row(("synthetic", str(i), texts[i], Jsonb(metas[i]), vecs[i], "synthetic"))
-        conn.commit()
-        if not quiet:
-            print(f"loaded {n:,} rows in {time.perf_counter() - started:.1f} s", file=sys.stderr)
-        conn.execute("select set_config('maintenance_work_mem', '1GB', false)")
-        conn.execute(str(hnsw[0]).encode())
-        conn.commit()
-        conn.autocommit = True
-        conn.execute("vacuum analyze pgrag.chunks")
-    if not quiet:
-        print(f"indexed in {time.perf_counter() - started:.1f} s total", file=sys.stderr)
-    return time.perf_counter() - started
-
-
-def queries(n: int, seed: int = 11) -> tuple[np.ndarray[Any, Any], list[str]]:
-    """Query vectors near the data (same mixture) and two-word texts of their cluster."""
-    rng = np.random.default_rng(7)  # the same centers as the data
-    centers = rng.normal(size=(CLUSTERS, DIM)).astype(np.float32)
-    q = np.random.default_rng(seed)
-    cluster = q.integers(0, CLUSTERS, size=n)
-    vecs = centers[cluster] + q.normal(scale=1.2, size=(n, DIM)).astype(np.float32)
-    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
-    texts = [f"w{c}x{q.integers(0, 20)} w{c}x{q.integers(0, 20)}" for c in cluster]
-    return vecs, texts
+from pgrag.sweep import exact
+from pgrag.synthetic import SCHEMA, SELECTIVITIES, declare_stats, load, queries
 
 
 def exact_ids(
     conn: psycopg.Connection[Any], vec: np.ndarray[Any, Any], flt: Any, k: int
 ) -> list[int]:
-    """Ground truth: every matching vector compared (the index disabled)."""
-    with conn.transaction():
-        conn.execute("set local enable_indexscan = off")
-        conn.execute("set local enable_bitmapscan = on")
-        rows = conn.execute(
-            "select id from pgrag.chunks where metadata @> %s::jsonb "
-            "order by embedding <=> %s::real[]::vector limit %s",
-            (json.dumps(flt), vec.tolist(), k),
-        ).fetchall()
-    return [int(r[0]) for r in rows]
+    return exact(conn, vec, flt, k)
 
 
 def bare_ids(
@@ -163,14 +67,7 @@ def run(url: str, rows: int, nq: int, skip_load: bool, k: int = 10) -> None:
     if not skip_load:
         load(url, rows)
     qvecs, qtexts = queries(nq)
-    schema = {
-        "all": "boolean",
-        "p10": "boolean",
-        "p1": "boolean",
-        "p01": "boolean",
-        "topic": "integer",
-        "bucket": "integer",
-    }
+    schema = SCHEMA
     print(f"## Filtered vector search, {rows:,} chunks, {nq} queries, k = {k}\n")
     print(
         "| filter matches | bare pgvector: rows returned (mean) | bare recall@10 | bare p95 ms "
@@ -213,7 +110,7 @@ def run(url: str, rows: int, nq: int, skip_load: bool, k: int = 10) -> None:
         print(f"\n## Hybrid statement (vector + full text + RRF + parents), {rows:,} chunks\n")
         print("| filter matches | p50 ms | p95 ms | with exact stats p50 ms | with stats p95 ms |")
         print("|---|---:|---:|---:|---:|")
-        declare_synthetic_stats(conn)
+        declare_stats(conn)
         conn.commit()
         for label, flt in SELECTIVITIES.items():
             plain, with_stats = [], []
@@ -238,18 +135,6 @@ def run(url: str, rows: int, nq: int, skip_load: bool, k: int = 10) -> None:
                 f"| {p(with_stats, 50):.2f} | {p(with_stats, 95):.2f} |"
             )
     end_to_end(url, nq, schema)
-
-
-def declare_synthetic_stats(conn: psycopg.Connection[Any]) -> None:
-    conn.execute(
-        "insert into pgrag.doc_types (name, source, owns_source, key_type) "
-        "values ('synthetic', 'pgrag.chunks'::regclass, false, 'text') on conflict do nothing"
-    )
-    conn.execute(
-        "select pgrag.declare_stats('synthetic', $q$select jsonb_build_object("
-        "'chunks', count(*), 'topics', count(distinct (metadata->>'topic')), "
-        "'mean_bucket', avg((metadata->>'bucket')::integer)) from hits$q$)"
-    )
 
 
 def end_to_end(url: str, nq: int, schema: dict[str, str]) -> None:

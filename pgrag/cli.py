@@ -375,11 +375,12 @@ def status(state: _State) -> None:
 
 
 def _register_subcommands() -> None:
+    from pgrag.cli_bench import bench
     from pgrag.cli_embed import embed, reembed, worker
     from pgrag.cli_sample import sample
     from pgrag.cli_search import ask, demo, search, tune
 
-    for command in (sample, embed, worker, reembed, search, ask, demo, tune):
+    for command in (sample, embed, worker, reembed, search, ask, demo, tune, bench):
         cli.add_command(command)
 
 

@@ -1,0 +1,73 @@
+"""``pgrag bench``: benchmarks that write their results into the docs.
+
+Registered on the main group by ``pgrag/cli.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+@click.group("bench", context_settings=CONTEXT_SETTINGS)
+def bench() -> None:
+    """Benchmarks whose markdown and plots go into docs/."""
+
+
+@bench.command("search", context_settings=CONTEXT_SETTINGS)
+@click.option(
+    "--rows",
+    "sizes",
+    type=click.IntRange(1_000, 10_000_000),
+    multiple=True,
+    default=(100_000, 1_000_000),
+    show_default=True,
+    help="Store sizes to sweep (repeatable); one database pgrag_bench_<rows> each.",
+)
+@click.option("--queries", type=click.IntRange(5, 10_000), default=50, show_default=True)
+@click.option("-k", "k", type=click.IntRange(1, 1000), default=10, show_default=True)
+@click.option("--reload", is_flag=True, help="Reload the synthetic chunks even if present.")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("docs"),
+    show_default=True,
+    help="Writes search-sweep.md and img/search-sweep-<rows>.png here.",
+)
+@click.pass_context
+def bench_search(
+    ctx: click.Context, sizes: tuple[int, ...], queries: int, k: int, reload: bool, out_dir: Path
+) -> None:
+    """Recall@k and p50/p95/p99 latency for ef_search 20/40/100/200, with and without the
+    iterative scan, at 100%, 10%, 1% and 0.1% filters, bare pgvector beside pgrag's default,
+    plus the end-to-end stage breakdown (embed, search, rerank).
+
+    Each size gets its own database on the server (pgrag_bench_<rows>, synthetic chunks,
+    created and migrated on first use, reused after). Loading 1,000,000 chunks and building
+    their HNSW index takes tens of minutes on 2 cores; the sweep itself, minutes.
+    """
+    from pgrag.cli_common import rebuild_progress
+    from pgrag.cli_search import _url
+    from pgrag.sweep import run
+
+    command = "pgrag bench search " + " ".join(f"--rows {n}" for n in sizes)
+    reports = run(
+        _url(ctx),
+        sizes,
+        out_dir=out_dir,
+        queries=queries,
+        k=k,
+        reload=reload,
+        command=command,
+        progress=rebuild_progress("step"),
+    )
+    for rep in reports:
+        ours = [r for r in rep.results if r.engine == "pgrag"]
+        summary = ", ".join(f"{r.selectivity} {r.recall:.3f} / {r.p95_ms:.1f} ms" for r in ours)
+        click.echo(f"{rep.rows:,} chunks, pgrag recall / p95: {summary}")
+    md, img = out_dir / "search-sweep.md", out_dir / "img"
+    click.echo(f"wrote {md} and {len(reports)} plot(s) in {img}")

@@ -1,0 +1,372 @@
+"""``pgrag bench search``: the search speed/recall sweep, as markdown and PNG plots.
+
+For each store size (synthetic chunks, ``pgrag/synthetic.py``, one database per size on the
+server) and each filter selectivity (100%, 10%, 1%, 0.1%), side by side in one run:
+
+- bare pgvector (``where filter order by embedding <=> q limit k``) at ef_search 20, 40, 100,
+  200, with and without the iterative scan: rows returned, recall@k against exact search,
+  p50 / p95 / p99 latency;
+- pgrag's filtered vector search with its defaults (and ``pgrag tune``'s stored ef_search, if
+  any): the same columns plus the scan it chose;
+- the end-to-end stage breakdown at the 1% filter: question embedding (default model, cold
+  query cache), the search statement, rerank (pass-through unless a cross-encoder is set).
+
+Exact search (the index disabled) is the ground truth. Writes ``search-sweep.md`` and one PNG
+per size into the output directory (``docs/`` by default).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, LiteralString
+
+import numpy as np
+import psycopg
+from pgvector.psycopg import register_vector
+from psycopg import sql
+
+from pgrag import synthetic
+from pgrag.errors import MissingDependency
+
+EF_VALUES: tuple[int, ...] = (20, 40, 100, 200)
+
+_FILTERED: LiteralString = (
+    "select id from pgrag.chunks where metadata @> %(f)s::jsonb "
+    "order by embedding <=> %(v)s::real[]::vector limit %(k)s"
+)
+_SETTINGS: LiteralString = (
+    "select set_config('hnsw.ef_search', %(ef)s, true), "
+    "set_config('hnsw.iterative_scan', %(it)s, true)"
+)
+
+Progress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One configuration at one selectivity."""
+
+    engine: str  # "pgvector" or "pgrag"
+    selectivity: str
+    ef_search: int | None  # None: pgrag's own choice
+    iterative: bool
+    rows_mean: float
+    rows_min: int
+    recall: float
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    scan: str = ""
+
+
+@dataclass(frozen=True)
+class SizeReport:
+    rows: int
+    queries: int
+    k: int
+    results: tuple[Row, ...]
+    stages: dict[str, dict[str, float]] = field(default_factory=dict)
+    embedder: str = ""
+    load_seconds: float | None = None
+
+
+def _pct(values: Sequence[float], q: float) -> float:
+    return round(float(np.percentile(np.asarray(values), q)), 2)
+
+
+def _row(
+    engine: str,
+    label: str,
+    ef: int | None,
+    it: bool,
+    got: list[list[int]],
+    truth: list[list[int]],
+    times: list[float],
+    scan: str = "",
+) -> Row:
+    counts = [len(g) for g in got]
+    recalls = [len(set(g) & set(t)) / max(len(t), 1) for g, t in zip(got, truth, strict=True)]
+    return Row(
+        engine=engine,
+        selectivity=label,
+        ef_search=ef,
+        iterative=it,
+        rows_mean=round(statistics.fmean(counts), 2),
+        rows_min=min(counts),
+        recall=round(statistics.fmean(recalls), 3),
+        p50_ms=_pct(times, 50),
+        p95_ms=_pct(times, 95),
+        p99_ms=_pct(times, 99),
+        scan=scan,
+    )
+
+
+def _ids(conn: psycopg.Connection[Any], v: Any, flt: dict[str, Any], k: int) -> list[int]:
+    rows = conn.execute(_FILTERED, {"f": json.dumps(flt), "v": v.tolist(), "k": k}).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def exact(conn: psycopg.Connection[Any], v: Any, flt: dict[str, Any], k: int) -> list[int]:
+    """Ground truth: every matching vector compared (the index disabled)."""
+    with conn.transaction():
+        conn.execute("set local enable_indexscan = off")
+        return _ids(conn, v, flt, k)
+
+
+def bare(
+    conn: psycopg.Connection[Any], v: Any, flt: dict[str, Any], k: int, ef: int, iterative: bool
+) -> tuple[float, list[int]]:
+    with conn.transaction():
+        conn.execute(_SETTINGS, {"ef": str(ef), "it": "relaxed_order" if iterative else "off"})
+        t = time.perf_counter()
+        ids = _ids(conn, v, flt, k)
+        return (time.perf_counter() - t) * 1000, ids
+
+
+def sweep_size(
+    url: str,
+    *,
+    queries: int = 50,
+    k: int = 10,
+    ef_values: Sequence[int] = EF_VALUES,
+    stages: bool = True,
+    progress: Progress | None = None,
+) -> SizeReport:
+    """The sweep on one loaded synthetic store."""
+    from pgrag.search import search
+
+    qvecs, _ = synthetic.queries(queries)
+    results: list[Row] = []
+    with psycopg.connect(url) as conn:
+        register_vector(conn)
+        n = synthetic.loaded(conn)
+        steps = len(synthetic.SELECTIVITIES) * (1 + 2 * len(ef_values) + 1)
+        done = 0
+        for label, flt in synthetic.SELECTIVITIES.items():
+            truth = [exact(conn, qvecs[i], flt, k) for i in range(queries)]
+            done += 1
+            if progress:
+                progress(f"{n:,} chunks", done, steps)
+            for ef in ef_values:
+                for it in (False, True):
+                    got, times = [], []
+                    for i in range(queries):
+                        ms, ids = bare(conn, qvecs[i], flt, k, ef, it)
+                        times.append(ms)
+                        got.append(ids)
+                    results.append(_row("pgvector", label, ef, it, got, truth, times))
+                    done += 1
+                    if progress:
+                        progress(f"{n:,} chunks", done, steps)
+            got, times, scans = [], [], set()
+            for i in range(queries):
+                t = time.perf_counter()
+                res = search(
+                    conn,
+                    vector=qvecs[i],
+                    model="synthetic",
+                    filter=flt,
+                    k=k,
+                    mode="vector",
+                    schema=synthetic.SCHEMA,
+                )
+                times.append((time.perf_counter() - t) * 1000)
+                conn.rollback()
+                got.append([h.id for h in res.hits])
+                scans.add(res.scan)
+            results.append(
+                _row("pgrag", label, None, True, got, truth, times, ", ".join(sorted(scans)))
+            )
+            done += 1
+            if progress:
+                progress(f"{n:,} chunks", done, steps)
+    report = SizeReport(rows=n, queries=queries, k=k, results=tuple(results))
+    if stages:
+        name, breakdown = stage_breakdown(url, queries, k)
+        report = SizeReport(
+            rows=n, queries=queries, k=k, results=report.results, stages=breakdown, embedder=name
+        )
+    return report
+
+
+def stage_breakdown(url: str, queries: int, k: int) -> tuple[str, dict[str, dict[str, float]]]:
+    """Question → embedding (cold) → search statement → rerank, at the 1% filter."""
+    from pgrag.embed.base import get_embedder
+    from pgrag.rerank import Reranker
+    from pgrag.search import search
+
+    embedder = get_embedder(None)
+    embedder.embed(["warm up the model"])  # loading the model is not a query's cost
+    reranker = Reranker()
+    per: dict[str, list[float]] = {"embed": [], "search": [], "rerank": [], "total": []}
+    stamp = time.time_ns()
+    with psycopg.connect(url) as conn:
+        register_vector(conn)
+        for i in range(queries):
+            question = f"sweep {stamp} {i}: which chunks are about topic {i % 200}?"
+            t = time.perf_counter()
+            vec = embedder.embed([question])[0]  # never asked before: the cache is cold
+            e = (time.perf_counter() - t) * 1000
+            res = search(
+                conn, question, vector=vec, filter={"p1": True}, k=k, schema=synthetic.SCHEMA
+            )
+            conn.rollback()
+            s = (time.perf_counter() - t) * 1000 - e
+            t2 = time.perf_counter()
+            reranker.rerank(question, res.hits)
+            r = (time.perf_counter() - t2) * 1000
+            per["embed"].append(e)
+            per["search"].append(s)
+            per["rerank"].append(r)
+            per["total"].append((time.perf_counter() - t) * 1000)
+    note = "" if reranker.configured else " (rerank: pass-through, no cross-encoder configured)"
+    return embedder.name + note, {
+        stage: {"p50": _pct(v, 50), "p95": _pct(v, 95), "p99": _pct(v, 99)}
+        for stage, v in per.items()
+    }
+
+
+# ---------------------------------------------------------------- stores
+
+
+def size_database(base_url: str, rows: int) -> str:
+    """The URL of database ``pgrag_bench_<rows>`` on base_url's server, created and migrated."""
+    from pgrag import migrate
+
+    name = f"pgrag_bench_{rows}"
+    with psycopg.connect(base_url, autocommit=True) as conn:
+        if not conn.execute("select 1 from pg_database where datname = %s", (name,)).fetchone():
+            conn.execute(sql.SQL("create database {}").format(sql.Identifier(name)))
+    url = psycopg.conninfo.make_conninfo(base_url, dbname=name)
+    migrate.upgrade(url)
+    return url
+
+
+def ensure_loaded(url: str, rows: int, reload: bool = False) -> float | None:
+    """Load ``rows`` synthetic chunks unless exactly those are there; seconds, or None."""
+    with psycopg.connect(url) as conn:
+        have = synthetic.loaded(conn)
+    if have == rows and not reload:
+        return None
+    return synthetic.load(url, rows, quiet=True)
+
+
+# ---------------------------------------------------------------- output
+
+
+def markdown(reports: Sequence[SizeReport], command: str) -> str:
+    out = [
+        "# Search sweep: recall and latency against ef_search, filters and iterative scan",
+        "",
+        f"Generated by `{command}` (do not edit by hand). Synthetic 384-d chunks "
+        "(`pgrag/synthetic.py`); recall@k against exact search; latencies in ms on this "
+        "machine, side by side in one run. pgvector rows run the bare statement "
+        "`where metadata @> filter order by embedding <=> q limit k`; the pgrag row runs "
+        "`pgrag.search.search(mode='vector')` with its defaults.",
+        "",
+    ]
+    for rep in reports:
+        out += [
+            f"## {rep.rows:,} chunks, {rep.queries} queries, k = {rep.k}",
+            "",
+            f"![recall and p95 latency at {rep.rows:,} chunks](img/search-sweep-{rep.rows}.png)",
+            "",
+            "| filter | engine | ef_search | iterative scan | rows (mean / min) | recall@k "
+            "| p50 | p95 | p99 | scan |",
+            "|---|---|---:|---|---:|---:|---:|---:|---:|---|",
+        ]
+        for r in rep.results:
+            ef = "pgrag" if r.ef_search is None else str(r.ef_search)
+            out.append(
+                f"| {r.selectivity} | {r.engine} | {ef} | {'yes' if r.iterative else 'no'} "
+                f"| {r.rows_mean:g} / {r.rows_min} | {r.recall:.3f} | {r.p50_ms:.2f} "
+                f"| {r.p95_ms:.2f} | {r.p99_ms:.2f} | {r.scan} |"
+            )
+        if rep.stages:
+            out += [
+                "",
+                f"End to end at the 1% filter ({rep.embedder}; cold query cache):",
+                "",
+                "| stage | p50 | p95 | p99 |",
+                "|---|---:|---:|---:|",
+            ]
+            for stage, v in rep.stages.items():
+                out.append(f"| {stage} | {v['p50']:.2f} | {v['p95']:.2f} | {v['p99']:.2f} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def plot(rep: SizeReport, path: Path) -> None:
+    """Recall and p95 latency against ef_search, one line per filter and scan mode."""
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise MissingDependency(
+            "matplotlib is not installed: pip install 'pgrag-relational[bench]' for the plots"
+        ) from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_r, ax_t) = plt.subplots(1, 2, figsize=(11, 4.2))
+    colors = dict(zip(synthetic.SELECTIVITIES, ("C0", "C1", "C2", "C3"), strict=True))
+    for label in synthetic.SELECTIVITIES:
+        for it, style in ((False, "--"), (True, "-")):
+            rows = [
+                r
+                for r in rep.results
+                if r.engine == "pgvector" and r.selectivity == label and r.iterative == it
+            ]
+            efs = [r.ef_search for r in rows]
+            name = f"{label}{' iterative' if it else ''}"
+            ax_r.plot(efs, [r.recall for r in rows], style, color=colors[label], label=name)
+            ax_t.plot(efs, [r.p95_ms for r in rows], style, color=colors[label], label=name)
+        ours = [r for r in rep.results if r.engine == "pgrag" and r.selectivity == label]
+        for r in ours:
+            ax_r.axhline(r.recall, color=colors[label], linestyle=":", linewidth=1)
+    ax_r.set(xlabel="ef_search", ylabel=f"recall@{rep.k}", ylim=(0, 1.02), xscale="log")
+    ax_t.set(xlabel="ef_search", ylabel="p95 latency (ms)", xscale="log", yscale="log")
+    ax_r.set_title(f"{rep.rows:,} chunks: recall (dotted: pgrag's default)")
+    ax_t.set_title("bare pgvector p95 latency")
+    ax_r.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(
+    base_url: str,
+    sizes: Sequence[int],
+    *,
+    out_dir: Path,
+    queries: int = 50,
+    k: int = 10,
+    reload: bool = False,
+    command: str = "pgrag bench search",
+    progress: Progress | None = None,
+) -> list[SizeReport]:
+    """Load (or reuse) each size, sweep it, write the markdown and the plots."""
+    reports = []
+    for n in sizes:
+        url = size_database(base_url, n)
+        seconds = ensure_loaded(url, n, reload)
+        rep = sweep_size(url, queries=queries, k=k, progress=progress)
+        reports.append(
+            SizeReport(
+                rows=rep.rows,
+                queries=rep.queries,
+                k=rep.k,
+                results=rep.results,
+                stages=rep.stages,
+                embedder=rep.embedder,
+                load_seconds=seconds,
+            )
+        )
+        plot(reports[-1], out_dir / "img" / f"search-sweep-{n}.png")
+    (out_dir / "search-sweep.md").write_text(markdown(reports, command) + "\n")
+    return reports

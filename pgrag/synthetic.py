@@ -1,0 +1,140 @@
+"""Synthetic chunks for search benchmarks: clustered unit vectors, texts and selective metadata.
+
+Real sentence embeddings are clustered, and uniform random vectors in 384 dimensions have no
+nearest neighbours worth the name, so the vectors are a Gaussian mixture (200 centres, noise
+larger than the centres' spread: hard, low-contrast neighbourhoods, as the shop's real
+questions against its real chunks; docs/benchmarks.md compares the two). Texts are drawn from
+per-cluster vocabularies; metadata keys select 100%, 10%, 1% and 0.1% of the rows independently
+of the vectors and of the physical order. Used by ``bench/search_bench.py`` and
+``pgrag bench search`` (``pgrag/sweep.py``).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, LiteralString
+
+import numpy as np
+import psycopg
+from pgvector.psycopg import register_vector
+from psycopg.types.json import Jsonb
+
+DIM = 384
+CLUSTERS = 200
+VOCAB_PER_CLUSTER = 20
+DOC_TYPE = "synthetic"
+SELECTIVITIES: dict[str, dict[str, Any]] = {
+    "100%": {"all": True},
+    "10%": {"p10": True},
+    "1%": {"p1": True},
+    "0.1%": {"p01": True},
+}
+SCHEMA = {
+    "all": "boolean",
+    "p10": "boolean",
+    "p1": "boolean",
+    "p01": "boolean",
+    "topic": "integer",
+    "bucket": "integer",
+}
+
+_HNSW: LiteralString = "select indexdef from pg_indexes where indexname = 'chunks_embedding_hnsw'"
+_COPY: LiteralString = (
+    "copy pgrag.chunks (doc_type, source_key, text, metadata, embedding, embedding_model) "
+    "from stdin (format binary)"
+)
+
+
+def rows(n: int, seed: int = 7) -> tuple[np.ndarray[Any, Any], list[str], list[dict[str, Any]]]:
+    """Vectors (n x DIM, unit length), texts and metadata for n chunks."""
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(size=(CLUSTERS, DIM)).astype(np.float32)
+    cluster = rng.integers(0, CLUSTERS, size=n)
+    vecs = centers[cluster] + rng.normal(scale=1.2, size=(n, DIM)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    pick = rng.permutation(n)
+    words = rng.integers(0, VOCAB_PER_CLUSTER, size=(n, 4))
+    noise = rng.integers(0, CLUSTERS * VOCAB_PER_CLUSTER, size=(n, 4))
+    texts: list[str] = []
+    metas: list[dict[str, Any]] = []
+    for i in range(n):
+        c = int(cluster[i])
+        own = " ".join(f"w{c}x{w}" for w in words[i])
+        other = " ".join(f"w{w // VOCAB_PER_CLUSTER}x{w % VOCAB_PER_CLUSTER}" for w in noise[i])
+        texts.append(f"synthetic chunk {i} about topic {c}: {own} {other}")
+        p = int(pick[i])
+        meta: dict[str, Any] = {"all": True, "topic": c, "bucket": p % 1000}
+        if p % 10 == 0:
+            meta["p10"] = True
+        if p % 100 == 0:
+            meta["p1"] = True
+        if p % 1000 == 0:
+            meta["p01"] = True
+        metas.append(meta)
+    return vecs, texts, metas
+
+
+def queries(n: int, seed: int = 11) -> tuple[np.ndarray[Any, Any], list[str]]:
+    """Query vectors from the same mixture (same centres) and two-word texts of their cluster."""
+    centers = np.random.default_rng(7).normal(size=(CLUSTERS, DIM)).astype(np.float32)
+    q = np.random.default_rng(seed)
+    cluster = q.integers(0, CLUSTERS, size=n)
+    vecs = centers[cluster] + q.normal(scale=1.2, size=(n, DIM)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    texts = [f"w{c}x{q.integers(0, 20)} w{c}x{q.integers(0, 20)}" for c in cluster]
+    return vecs, texts
+
+
+def loaded(conn: psycopg.Connection[Any]) -> int:
+    """How many synthetic chunks the store holds (0 when it holds anything else too)."""
+    row = conn.execute(
+        "select count(*) filter (where doc_type = 'synthetic'), count(*) from pgrag.chunks"
+    ).fetchone()
+    assert row is not None
+    return int(row[0]) if row[0] == row[1] else 0
+
+
+def load(url: str, n: int, *, seed: int = 7, quiet: bool = False) -> float:
+    """Replace every chunk with n synthetic ones, then rebuild the HNSW index in memory (its
+    own definition, so m / ef_construction stay what the migration chose); seconds taken."""
+    started = time.perf_counter()
+    vecs, texts, metas = rows(n, seed)
+    with psycopg.connect(url) as conn:
+        register_vector(conn)
+        hnsw = conn.execute(_HNSW).fetchone()
+        if hnsw is None:
+            raise RuntimeError("the HNSW index is missing: migrate the database (pgrag db upgrade)")
+        conn.execute("drop index pgrag.chunks_embedding_hnsw")
+        conn.execute("delete from pgrag.chunks")
+        conn.execute("update pgrag.settings set embedding_model = 'synthetic'")
+        with conn.cursor().copy(_COPY) as cp:
+            cp.set_types(["text", "text", "text", "jsonb", "vector", "text"])
+            for i in range(n):
+                cp.write_row((DOC_TYPE, str(i), texts[i], Jsonb(metas[i]), vecs[i], "synthetic"))
+        conn.commit()
+        if not quiet:
+            print(f"loaded {n:,} rows in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+        # 1M x 384-d needs ~4 GB to build in memory; a spilled build is several times slower
+        conn.execute("select set_config('maintenance_work_mem', '6GB', false)")
+        conn.execute("select set_config('max_parallel_maintenance_workers', '2', false)")
+        conn.execute(str(hnsw[0]).encode())
+        conn.commit()
+        conn.autocommit = True
+        conn.execute("vacuum analyze pgrag.chunks")
+    if not quiet:
+        print(f"indexed in {time.perf_counter() - started:.1f} s total", file=sys.stderr)
+    return time.perf_counter() - started
+
+
+def declare_stats(conn: psycopg.Connection[Any]) -> None:
+    """A document type row for the synthetic chunks and exact statistics over the matches."""
+    conn.execute(
+        "insert into pgrag.doc_types (name, source, owns_source, key_type) "
+        "values ('synthetic', 'pgrag.chunks'::regclass, false, 'text') on conflict do nothing"
+    )
+    conn.execute(
+        "select pgrag.declare_stats('synthetic', $q$select jsonb_build_object("
+        "'chunks', count(*), 'topics', count(distinct (metadata->>'topic')), "
+        "'mean_bucket', avg((metadata->>'bucket')::integer)) from hits$q$)"
+    )

@@ -1,0 +1,69 @@
+"""pgrag bench search: the sweep on a small synthetic store, its markdown and its plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from pgrag import sweep, synthetic
+
+from .conftest import run_pgrag
+
+
+def test_sweep_reports_every_configuration_and_writes_markdown_and_plot(
+    db_url: str, tmp_path: Path
+) -> None:
+    synthetic.load(db_url, 3_000, quiet=True)
+    with psycopg.connect(db_url) as conn:
+        assert synthetic.loaded(conn) == 3_000
+    rep = sweep.sweep_size(db_url, queries=5, ef_values=(20, 40), stages=False)
+    assert rep.rows == 3_000 and rep.queries == 5
+    bare = [r for r in rep.results if r.engine == "pgvector"]
+    ours = [r for r in rep.results if r.engine == "pgrag"]
+    assert len(bare) == 4 * 2 * 2 and len(ours) == 4
+    assert {r.selectivity for r in ours} == set(synthetic.SELECTIVITIES)
+    for r in ours:  # pgrag always returns k rows, exactly when the filter is selective
+        assert r.rows_min == min(
+            10, 3_000 // {"100%": 1, "10%": 10, "1%": 100, "0.1%": 1000}[r.selectivity]
+        )
+        assert 0.0 <= r.recall <= 1.0 and r.p50_ms <= r.p99_ms
+    assert next(r for r in ours if r.selectivity == "1%").scan == "exact"
+    # the 0.1% filter keeps 3 rows: all of them are the exact answer, for everyone
+    tiny = [r for r in rep.results if r.selectivity == "0.1%"]
+    assert all(r.rows_min <= 3 for r in tiny) and all(r.recall == 1.0 for r in tiny if r.rows_min)
+    sweep.plot(rep, tmp_path / "img" / "x.png")
+    assert (tmp_path / "img" / "x.png").read_bytes()[:4] == b"\x89PNG"
+    md = sweep.markdown([rep], "pgrag bench search --rows 3000")
+    assert "| 10% | pgvector | 40 | yes |" in md and "| 10% | pgrag | pgrag | yes |" in md
+
+
+def test_stage_breakdown_times_embed_search_and_rerank(db_url: str) -> None:
+    synthetic.load(db_url, 1_000, quiet=True)
+    name, stages = sweep.stage_breakdown(db_url, queries=3, k=5)
+    assert "pass-through" in name
+    assert set(stages) == {"embed", "search", "rerank", "total"}
+    assert stages["embed"]["p50"] > 0 and stages["total"]["p95"] >= stages["search"]["p50"]
+
+
+def test_cli_bench_search_writes_into_the_output_directory(pg_server: Any, tmp_path: Path) -> None:
+    out = run_pgrag(
+        "--database-url",
+        pg_server.url_for("postgres"),
+        "bench",
+        "search",
+        "--rows",
+        "1000",
+        "--queries",
+        "5",
+        "--out",
+        str(tmp_path),
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "1,000 chunks, pgrag recall / p95" in out.stdout
+    assert (tmp_path / "search-sweep.md").exists()
+    assert (tmp_path / "img" / "search-sweep-1000.png").exists()
+    with psycopg.connect(pg_server.url_for("postgres"), autocommit=True) as conn:
+        conn.execute("drop database pgrag_bench_1000")
