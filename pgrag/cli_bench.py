@@ -38,9 +38,22 @@ def bench() -> None:
     show_default=True,
     help="Writes search-sweep.md and img/search-sweep-<rows>.png here.",
 )
+@click.option(
+    "--hnsw-m",
+    type=click.IntRange(2, 100),
+    help="Build the index with this m (its own database pgrag_bench_<rows>_m<m>_efc<efc>).",
+)
+@click.option("--hnsw-ef-construction", type=click.IntRange(4, 1000), help="Likewise.")
 @click.pass_context
 def bench_search(
-    ctx: click.Context, sizes: tuple[int, ...], queries: int, k: int, reload: bool, out_dir: Path
+    ctx: click.Context,
+    sizes: tuple[int, ...],
+    queries: int,
+    k: int,
+    reload: bool,
+    out_dir: Path,
+    hnsw_m: int | None,
+    hnsw_ef_construction: int | None,
 ) -> None:
     """Recall@k and p50/p95/p99 latency for ef_search 20/40/100/200, with and without the
     iterative scan, at 100%, 10%, 1% and 0.1% filters, bare pgvector beside pgrag's default,
@@ -55,6 +68,11 @@ def bench_search(
     from pgrag.sweep import run
 
     command = "pgrag bench search " + " ".join(f"--rows {n}" for n in sizes)
+    out_name = "search-sweep.md"
+    if hnsw_m or hnsw_ef_construction:
+        m, efc = hnsw_m or 16, hnsw_ef_construction or 64
+        command += f" --hnsw-m {m} --hnsw-ef-construction {efc}"
+        out_name = f"search-sweep-m{m}-efc{efc}.md"
     reports = run(
         _url(ctx),
         sizes,
@@ -62,12 +80,15 @@ def bench_search(
         queries=queries,
         k=k,
         reload=reload,
+        hnsw_m=hnsw_m,
+        hnsw_ef_construction=hnsw_ef_construction,
         command=command,
+        out_name=out_name,
         progress=rebuild_progress("step"),
     )
     for rep in reports:
         ours = [r for r in rep.results if r.engine == "pgrag"]
         summary = ", ".join(f"{r.selectivity} {r.recall:.3f} / {r.p95_ms:.1f} ms" for r in ours)
         click.echo(f"{rep.rows:,} chunks, pgrag recall / p95: {summary}")
-    md, img = out_dir / "search-sweep.md", out_dir / "img"
+    md, img = out_dir / out_name, out_dir / "img"
     click.echo(f"wrote {md} and {len(reports)} plot(s) in {img}")

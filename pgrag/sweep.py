@@ -17,6 +17,7 @@ per size into the output directory (``docs/`` by default).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import time
@@ -38,6 +39,9 @@ EF_VALUES: tuple[int, ...] = (20, 40, 100, 200)
 _FILTERED: LiteralString = (
     "select id from pgrag.chunks where metadata @> %(f)s::jsonb "
     "order by embedding <=> %(v)s::real[]::vector limit %(k)s"
+)
+_INDEX_OPTIONS: LiteralString = (
+    "select reloptions from pg_class where oid = 'pgrag.chunks_embedding_hnsw'::regclass"
 )
 _SETTINGS: LiteralString = (
     "select set_config('hnsw.ef_search', %(ef)s, true), "
@@ -73,6 +77,7 @@ class SizeReport:
     stages: dict[str, dict[str, float]] = field(default_factory=dict)
     embedder: str = ""
     load_seconds: float | None = None
+    index: str = ""  # the HNSW build parameters
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -185,13 +190,18 @@ def sweep_size(
             done += 1
             if progress:
                 progress(f"{n:,} chunks", done, steps)
-    report = SizeReport(rows=n, queries=queries, k=k, results=tuple(results))
-    if stages:
-        name, breakdown = stage_breakdown(url, queries, k)
-        report = SizeReport(
-            rows=n, queries=queries, k=k, results=report.results, stages=breakdown, embedder=name
-        )
-    return report
+        idx = conn.execute(_INDEX_OPTIONS).fetchone()
+    index = ", ".join(idx[0]) if idx and idx[0] else "m=16, ef_construction=64"
+    name, breakdown = stage_breakdown(url, queries, k) if stages else ("", {})
+    return SizeReport(
+        rows=n,
+        queries=queries,
+        k=k,
+        results=tuple(results),
+        stages=breakdown,
+        embedder=name,
+        index=index,
+    )
 
 
 def stage_breakdown(url: str, queries: int, k: int) -> tuple[str, dict[str, dict[str, float]]]:
@@ -234,16 +244,21 @@ def stage_breakdown(url: str, queries: int, k: int) -> tuple[str, dict[str, dict
 # ---------------------------------------------------------------- stores
 
 
-def size_database(base_url: str, rows: int) -> str:
-    """The URL of database ``pgrag_bench_<rows>`` on base_url's server, created and migrated."""
+def size_database(
+    base_url: str, rows: int, hnsw_m: int | None = None, hnsw_ef_construction: int | None = None
+) -> str:
+    """The URL of database ``pgrag_bench_<rows>`` (``..._m<m>_efc<efc>`` with HNSW build
+    parameters) on base_url's server, created and migrated."""
     from pgrag import migrate
 
     name = f"pgrag_bench_{rows}"
+    if hnsw_m is not None or hnsw_ef_construction is not None:
+        name += f"_m{hnsw_m or 16}_efc{hnsw_ef_construction or 64}"
     with psycopg.connect(base_url, autocommit=True) as conn:
         if not conn.execute("select 1 from pg_database where datname = %s", (name,)).fetchone():
             conn.execute(sql.SQL("create database {}").format(sql.Identifier(name)))
     url = psycopg.conninfo.make_conninfo(base_url, dbname=name)
-    migrate.upgrade(url)
+    migrate.upgrade(url, hnsw_m=hnsw_m, hnsw_ef_construction=hnsw_ef_construction)
     return url
 
 
@@ -259,7 +274,11 @@ def ensure_loaded(url: str, rows: int, reload: bool = False) -> float | None:
 # ---------------------------------------------------------------- output
 
 
-def markdown(reports: Sequence[SizeReport], command: str) -> str:
+def _stem(out_name: str) -> str:
+    return out_name.removesuffix(".md")
+
+
+def markdown(reports: Sequence[SizeReport], command: str, stem: str = "search-sweep") -> str:
     out = [
         "# Search sweep: recall and latency against ef_search, filters and iterative scan",
         "",
@@ -274,7 +293,10 @@ def markdown(reports: Sequence[SizeReport], command: str) -> str:
         out += [
             f"## {rep.rows:,} chunks, {rep.queries} queries, k = {rep.k}",
             "",
-            f"![recall and p95 latency at {rep.rows:,} chunks](img/search-sweep-{rep.rows}.png)",
+            f"HNSW index: {rep.index}."
+            + (f" Load and index build: {rep.load_seconds:.0f} s." if rep.load_seconds else ""),
+            "",
+            f"![recall and p95 latency at {rep.rows:,} chunks](img/{stem}-{rep.rows}.png)",
             "",
             "| filter | engine | ef_search | iterative scan | rows (mean / min) | recall@k "
             "| p50 | p95 | p99 | scan |",
@@ -347,26 +369,19 @@ def run(
     queries: int = 50,
     k: int = 10,
     reload: bool = False,
+    hnsw_m: int | None = None,
+    hnsw_ef_construction: int | None = None,
     command: str = "pgrag bench search",
+    out_name: str = "search-sweep.md",
     progress: Progress | None = None,
 ) -> list[SizeReport]:
     """Load (or reuse) each size, sweep it, write the markdown and the plots."""
     reports = []
     for n in sizes:
-        url = size_database(base_url, n)
+        url = size_database(base_url, n, hnsw_m, hnsw_ef_construction)
         seconds = ensure_loaded(url, n, reload)
         rep = sweep_size(url, queries=queries, k=k, progress=progress)
-        reports.append(
-            SizeReport(
-                rows=rep.rows,
-                queries=rep.queries,
-                k=rep.k,
-                results=rep.results,
-                stages=rep.stages,
-                embedder=rep.embedder,
-                load_seconds=seconds,
-            )
-        )
-        plot(reports[-1], out_dir / "img" / f"search-sweep-{n}.png")
-    (out_dir / "search-sweep.md").write_text(markdown(reports, command) + "\n")
+        reports.append(dataclasses.replace(rep, load_seconds=seconds))
+        plot(reports[-1], out_dir / "img" / f"{_stem(out_name)}-{n}.png")
+    (out_dir / out_name).write_text(markdown(reports, command, _stem(out_name)) + "\n")
     return reports
