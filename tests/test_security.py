@@ -209,7 +209,7 @@ def test_the_writer_declares_renders_and_embeds_but_reads_only_what_it_was_grant
         conn.rollback()
         owner = conn.execute(
             "select proowner::regrole::text, prosecdef from pg_proc "
-            "where oid = 'pgrag.doc_type_stats(text, bigint[])'::regprocedure"
+            "where oid = 'pgrag.reader_doc_type_stats(text, bigint[])'::regprocedure"
         ).fetchone()
     assert owner == (WRITER, True)  # stats run with the writer's privileges, never more
 

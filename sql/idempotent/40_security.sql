@@ -12,7 +12,8 @@
 -- Functions are security invoker, except three, each minimal, with a fixed search_path, and
 -- executable by the two roles only (not PUBLIC):
 --   pgrag.current_tenant()        reads pgrag.tenant_roles, which readers may not read
---   pgrag.doc_type_stats(...)     runs a type's declared statistics over the source tables
+--   pgrag.reader_doc_type_stats   runs a type's declared statistics over the source tables
+--                                 for a reader (pgrag.doc_type_stats calls it)
 --   pgrag.query_cache_get(...)    reads one cached question vector by hash
 --
 -- Tenants: a chunk's tenant is NULL (its type has no tenant column: every reader sees it) or the
@@ -167,11 +168,44 @@ comment on function pgrag.redact_jsonb(jsonb, jsonb, jsonb) is
 -- Replaces 30_search.sql's version (the downgrade of 0006 drops this one and re-applies it).
 create or replace function pgrag.doc_type_stats(doc_type text, chunk_ids bigint[])
 returns jsonb
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+-- A session that sees every tenant (the owner, the writer, a superuser) runs the declared query
+-- itself, with its own privileges, as before revision 0006. Any other (a reader) gets it from
+-- pgrag.reader_doc_type_stats, over the chunks it may see.
+declare
+    body text;
+    result jsonb;
+begin
+    if not pgrag.sees_all_tenants() then
+        return pgrag.reader_doc_type_stats(doc_type, chunk_ids);
+    end if;
+    select s.stats_sql into body from pgrag.doc_stats s where s.doc_type = doc_type_stats.doc_type;
+    if body is null then
+        return null;
+    end if;
+    execute format(
+        'with hits as materialized (select c.id, c.doc_type, c.source_key, c.parent_id, '
+        'c.parent_key, c.metadata, c.text from pgrag.chunks c '
+        'where c.id = any($1) and c.doc_type = $2) '
+        'select s.stats::jsonb from (%s) as s(stats)', body)
+        into result using chunk_ids, doc_type;
+    return result;
+end
+$$;
+
+comment on function pgrag.doc_type_stats(text, bigint[]) is
+    'Run the declared statistics query of a document type over the given chunks (the CTE hits); '
+    'readers through pgrag.reader_doc_type_stats';
+
+create or replace function pgrag.reader_doc_type_stats(doc_type text, chunk_ids bigint[])
+returns jsonb
 language plpgsql stable security definer
 set search_path = pg_catalog, pg_temp
 as $$
 -- security definer, owned by the writer role (below): a reader gets exact aggregates over the
--- source tables without SELECT on them, which only the writer role holds. Why it is safe:
+-- source tables without SELECT on them, which the writer role holds. Why it is safe:
 --   * the query it runs is the type's pgrag.doc_stats.stats_sql, which only the writer role may
 --     declare (pgrag.declare_stats), and it runs with the writer role's privileges, no more;
 --   * the caller's arguments are bound parameters, never spliced into SQL;
@@ -182,7 +216,8 @@ declare
     body text;
     result jsonb;
 begin
-    select s.stats_sql into body from pgrag.doc_stats s where s.doc_type = doc_type_stats.doc_type;
+    select s.stats_sql into body
+      from pgrag.doc_stats s where s.doc_type = reader_doc_type_stats.doc_type;
     if body is null then
         return null;
     end if;
@@ -197,9 +232,9 @@ begin
 end
 $$;
 
-comment on function pgrag.doc_type_stats(text, bigint[]) is
-    'Run the declared statistics query of a document type over the given chunks the session may '
-    'see (the CTE hits); security definer, owned by the writer role';
+comment on function pgrag.reader_doc_type_stats(text, bigint[]) is
+    'A document type''s statistics over the given chunks the session may see; security definer, '
+    'owned by the writer role, so readers need no SELECT on source tables';
 
 -- Replaces 20_embeddings.sql's version (the downgrade of 0006 drops this one and re-applies it).
 create or replace function pgrag.query_cache_get(model_name text, hash bytea, ttl interval)
@@ -237,10 +272,10 @@ begin
     execute format('create policy chunks_write on pgrag.chunks for all to %I '
                    'using (true) with check (true)', s.writer_role);
 
-    execute format('alter function pgrag.doc_type_stats(text, bigint[]) owner to %I',
+    execute format('alter function pgrag.reader_doc_type_stats(text, bigint[]) owner to %I',
                    s.writer_role);
     foreach f in array array['pgrag.current_tenant()',
-                             'pgrag.doc_type_stats(text, bigint[])',
+                             'pgrag.reader_doc_type_stats(text, bigint[])',
                              'pgrag.query_cache_get(text, bytea, interval)'] loop
         execute format('revoke all on function %s from public', f);
         execute format('grant execute on function %s to %I, %I', f, s.reader_role, s.writer_role);
