@@ -24,6 +24,7 @@ from pgrag.errors import (
     PgragError,
     ServerError,
 )
+from pgrag.security import tenant_scope
 
 if TYPE_CHECKING:
     from pgrag.answer import Answer, Context, LLMConfig
@@ -96,4 +97,5 @@ __all__ = [
     "connect",
     "parse_filter_json",
     "parse_question",
+    "tenant_scope",
 ]

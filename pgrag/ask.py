@@ -38,6 +38,9 @@ _CATEGORIES: LiteralString = (
     "then c.metadata->'categories' else '[]' end) x"
 )
 _SCHEMAS: LiteralString = "select name, metadata_schema from pgrag.doc_types"
+# Categories come from the chunks this session may see (row-level security): cache them per
+# role and tenant, so that one tenant's category names never steer another tenant's parse.
+_WHO: LiteralString = "select current_user, coalesce(current_setting('pgrag.tenant', true), '')"
 _NAME_TO_ID: LiteralString = (
     "select distinct (metadata->>'customer_id')::integer from pgrag.chunks "
     "where (metadata @> %(by_name)s or metadata @> %(by_customer_name)s) "
@@ -60,13 +63,15 @@ class AskResult:
     notes: tuple[str, ...]
 
 
-_catalog: dict[tuple[str, str, str], tuple[float, list[str], dict[str, dict[str, str]]]] = {}
+_catalog: dict[tuple[str, ...], tuple[float, list[str], dict[str, dict[str, str]]]] = {}
 _catalog_lock = threading.Lock()
 
 
 def _catalog_for(conn: psycopg.Connection[Any]) -> tuple[list[str], dict[str, dict[str, str]]]:
-    """Category names and document-type schemas of this database (cached for 5 minutes)."""
-    key = (str(conn.info.host), str(conn.info.port), str(conn.info.dbname))
+    """Category names and document-type schemas of this database as this session sees them
+    (cached for 5 minutes per role and tenant)."""
+    who = conn.execute(_WHO).fetchone()
+    key = (str(conn.info.host), str(conn.info.port), str(conn.info.dbname), *map(str, who or ()))
     with _catalog_lock:
         hit = _catalog.get(key)
     if hit is not None and time.monotonic() - hit[0] < CATALOG_TTL_S:

@@ -166,6 +166,18 @@ def db() -> None:
     type=click.IntRange(4, 1000),
     help="HNSW ef_construction (default 64).",
 )
+@click.option(
+    "--reader-role",
+    envvar=config.ENV_READER_ROLE,
+    help="The role that may search (default pgrag_reader), created if missing; fixed at "
+    "revision 0006. Env: PGRAG_READER_ROLE.",
+)
+@click.option(
+    "--writer-role",
+    envvar=config.ENV_WRITER_ROLE,
+    help="The role that may also declare documents and embed (default pgrag_writer), created "
+    "if missing; fixed at revision 0006. Env: PGRAG_WRITER_ROLE.",
+)
 @click.pass_obj
 def db_upgrade(
     state: _State,
@@ -173,6 +185,8 @@ def db_upgrade(
     dimension: int | None,
     hnsw_m: int | None,
     hnsw_ef_construction: int | None,
+    reader_role: str | None,
+    writer_role: str | None,
 ) -> None:
     """Migrate up to REVISION (default: head), in one transaction."""
     url = state.url()
@@ -183,6 +197,8 @@ def db_upgrade(
         dimension=dimension,
         hnsw_m=hnsw_m,
         hnsw_ef_construction=hnsw_ef_construction,
+        reader_role=reader_role,
+        writer_role=writer_role,
     )
     after = migrate.current(url)
     if before == after:

@@ -16,10 +16,14 @@ from pgrag.errors import ConfigError
 ENV_DATABASE_URL = "PGRAG_DATABASE_URL"
 ENV_DATA_DIR = "PGRAG_DATA_DIR"
 ENV_EMBEDDING_DIM = "PGRAG_EMBEDDING_DIM"
+ENV_READER_ROLE = "PGRAG_READER_ROLE"
+ENV_WRITER_ROLE = "PGRAG_WRITER_ROLE"
 
 DEFAULT_EMBEDDING_DIM = 384
 DEFAULT_HNSW_M = 16
 DEFAULT_HNSW_EF_CONSTRUCTION = 64
+DEFAULT_READER_ROLE = "pgrag_reader"
+DEFAULT_WRITER_ROLE = "pgrag_writer"
 
 
 def database_url(explicit: str | None = None) -> str | None:
@@ -81,3 +85,16 @@ def check_dimension_value(value: int) -> int:
             f"embedding dimension {value} is out of range: pgvector's HNSW index takes 1 to 2000"
         )
     return value
+
+
+def role_name(kind: str, explicit: str | None = None) -> str | None:
+    """The reader or writer role's name asked for at migration time (None: the default)."""
+    env = ENV_READER_ROLE if kind == "reader" else ENV_WRITER_ROLE
+    name = explicit or os.environ.get(env) or None
+    if name is None:
+        return None
+    if len(name.encode()) > 63 or "\x00" in name:
+        raise ConfigError(
+            f"{kind} role name {name!r} is not a PostgreSQL role name: use at most 63 bytes"
+        )
+    return name

@@ -19,7 +19,7 @@ from psycopg.rows import class_row
 from psycopg.types import TypeInfo
 from psycopg_pool import ConnectionPool
 
-from pgrag import config, documents
+from pgrag import config, documents, security
 
 if TYPE_CHECKING:
     from pgrag.ask import AskResult
@@ -80,10 +80,13 @@ def _first_line(text: str) -> str:
     return "no reason given"
 
 
-def _configure(conn: psycopg.Connection[Any]) -> None:
-    """Pool hook: register pgvector on every new connection (once the extension exists)."""
+def _configure(conn: psycopg.Connection[Any], tenant: str | None = None) -> None:
+    """Pool hook: register pgvector on every new connection (once the extension exists), and
+    set the Client's tenant for the session."""
     if TypeInfo.fetch(conn, "vector") is not None:
         register_vector(conn)
+    if tenant is not None:
+        security.set_session_tenant(conn, tenant)
     conn.commit()
 
 
@@ -107,17 +110,22 @@ class StoreStatus:
 class Client:
     """pgrag on one database: a pool of connections with pgvector registered.
 
-    Use as a context manager, or call ``close()``.
+    Use as a context manager, or call ``close()``. With ``tenant``, every connection's session
+    has ``pgrag.tenant`` set to it (docs/security.md); ``tenant=`` on a call overrides it for
+    that call.
     """
 
-    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 8) -> None:
+    def __init__(
+        self, url: str, *, min_size: int = 1, max_size: int = 8, tenant: str | None = None
+    ) -> None:
         self.url = url
+        self.tenant = None if tenant is None else security.check_tenant(tenant)
         self._pool = ConnectionPool(
             url,
             min_size=min_size,
             max_size=max_size,
             kwargs={"connect_timeout": CONNECT_TIMEOUT_S},
-            configure=_configure,
+            configure=lambda conn: _configure(conn, self.tenant),
             open=False,
             name="pgrag",
         )
@@ -140,9 +148,16 @@ class Client:
         self.close()
 
     @contextlib.contextmanager
-    def connection(self) -> Iterator[psycopg.Connection[Any]]:
-        """A pooled connection; database errors pgrag raised itself become PgragErrors."""
-        with self._pool.connection() as conn, mapped_database_errors():
+    def connection(self, *, tenant: str | None = None) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection; database errors pgrag raised itself become PgragErrors.
+
+        With ``tenant``, the block runs in one transaction as that tenant.
+        """
+        with (
+            self._pool.connection() as conn,
+            mapped_database_errors(),
+            security.tenant_scope(conn, tenant),
+        ):
             yield conn
 
     # ---- the store ----
@@ -190,11 +205,20 @@ class Client:
         *,
         parent: str | None = None,
         metadata_schema: Mapping[str, str] | None = None,
+        tenant_column: str | None = None,
+        sensitive: Mapping[str, str] | None = None,
     ) -> None:
         """Declare or replace a document type (see ``pgrag.documents.declare``)."""
         with self.connection() as conn:
             documents.declare(
-                conn, name, source, watches, parent=parent, metadata_schema=metadata_schema
+                conn,
+                name,
+                source,
+                watches,
+                parent=parent,
+                metadata_schema=metadata_schema,
+                tenant_column=tenant_column,
+                sensitive=sensitive,
             )
 
     def drop_document(self, name: str, *, keep_chunks: bool = False) -> int:
@@ -225,29 +249,38 @@ class Client:
 
     # ---- search and answers (pgrag/search.py, pgrag/ask.py) ----
 
-    def search(self, query: str | None = None, **kwargs: Any) -> SearchResult:
-        """One-statement hybrid search; see ``pgrag.search.search`` for the arguments."""
+    def search(
+        self, query: str | None = None, *, tenant: str | None = None, **kwargs: Any
+    ) -> SearchResult:
+        """One-statement hybrid search; see ``pgrag.search.search`` for the arguments.
+        ``tenant`` searches as that tenant (default: the Client's)."""
         from pgrag.search import search
 
-        return search(self, query, **kwargs)
+        with self.connection(tenant=tenant) as conn:
+            return search(conn, query, **kwargs)
 
-    def stats(self, **kwargs: Any) -> dict[str, Any]:
+    def stats(self, *, tenant: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Exact aggregates over the source rows matching a filter (``pgrag.search.stats``)."""
         from pgrag.search import stats
 
-        return stats(self, **kwargs)
+        with self.connection(tenant=tenant) as conn:
+            return stats(conn, **kwargs)
 
-    def context(self, chunk_id: int, **kwargs: Any) -> list[ContextRow]:
+    def context(
+        self, chunk_id: int, *, tenant: str | None = None, **kwargs: Any
+    ) -> list[ContextRow]:
         """A chunk with its parent and children (``pgrag.search.context``)."""
         from pgrag.search import context
 
-        return context(self, chunk_id, **kwargs)
+        with self.connection(tenant=tenant) as conn:
+            return context(conn, chunk_id, **kwargs)
 
-    def ask(self, question: str, **kwargs: Any) -> AskResult:
+    def ask(self, question: str, *, tenant: str | None = None, **kwargs: Any) -> AskResult:
         """Question → filters → search → rerank → grounded answer (``pgrag.ask.ask``)."""
         from pgrag.ask import ask
 
-        return ask(self, question, **kwargs)
+        with self.connection(tenant=tenant) as conn:
+            return ask(conn, question, **kwargs)
 
     def upgrade(self, revision: str = "head", *, dimension: int | None = None) -> None:
         """Migrate this database (see ``pgrag.migrate.upgrade``) and refresh pooled connections."""
@@ -257,8 +290,11 @@ class Client:
         self._pool.drain()
 
 
-def connect(url: str | None = None, *, min_size: int = 1, max_size: int = 8) -> Client:
-    """A Client on ``url``, ``PGRAG_DATABASE_URL``, or the embedded server.
+def connect(
+    url: str | None = None, *, min_size: int = 1, max_size: int = 8, tenant: str | None = None
+) -> Client:
+    """A Client on ``url``, ``PGRAG_DATABASE_URL``, or the embedded server; with ``tenant``,
+    its searches see that tenant's chunks (and the shared ones) only (docs/security.md).
 
     Fails fast with a one-line PgragError if the server is unreachable or lacks pgvector.
     """
@@ -273,7 +309,7 @@ def connect(url: str | None = None, *, min_size: int = 1, max_size: int = 8) -> 
             "server, or unset PGRAG_DATABASE_URL to use the embedded server"
         )
     try:
-        return Client(resolved, min_size=min_size, max_size=max_size)
+        return Client(resolved, min_size=min_size, max_size=max_size, tenant=tenant)
     except psycopg.Error as exc:
         raise PgragError(
             f"cannot open a connection pool on {describe_target(resolved)} ({exc}): "

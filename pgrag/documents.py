@@ -59,22 +59,29 @@ def declare(
     *,
     parent: str | None = None,
     metadata_schema: Mapping[str, str] | None = None,
+    tenant_column: str | None = None,
+    sensitive: Mapping[str, str] | None = None,
 ) -> None:
     """Declare (or replace) a document type; see ``pgrag.declare_document`` in SQL.
 
     ``source`` is a view or table name, or a SELECT yielding ``source_key``, ``text`` and
     optionally ``parent_key`` and ``metadata``. ``watches`` maps each feeding table to a query
     over ``changed`` (that table's changed rows) returning the affected document keys.
+    ``tenant_column`` names the source column holding each document's tenant; ``sensitive``
+    maps source columns to ``"omit"`` or ``"mask"``: their values never reach the chunks
+    (docs/security.md).
     """
     with mapped_database_errors(), conn.transaction():
         conn.execute(
-            "select pgrag.declare_document(%s, %s, %s::jsonb, %s, %s::jsonb)",
+            "select pgrag.declare_document(%s, %s, %s::jsonb, %s, %s::jsonb, %s, %s::jsonb)",
             (
                 name,
                 source,
                 json.dumps(dict(watches)),
                 parent,
                 json.dumps(dict(metadata_schema or {})),
+                tenant_column,
+                json.dumps(dict(sensitive or {})),
             ),
         )
 

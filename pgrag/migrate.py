@@ -116,6 +116,8 @@ class MigrationOptions:
     dimension: int | None = None
     hnsw_m: int | None = None
     hnsw_ef_construction: int | None = None
+    reader_role: str | None = None
+    writer_role: str | None = None
 
 
 def _alembic_config(options: MigrationOptions) -> Any:
@@ -161,11 +163,25 @@ def upgrade(
     dimension: int | None = None,
     hnsw_m: int | None = None,
     hnsw_ef_construction: int | None = None,
+    reader_role: str | None = None,
+    writer_role: str | None = None,
 ) -> None:
-    """Migrate the database at ``url`` up to ``revision`` in one transaction."""
+    """Migrate the database at ``url`` up to ``revision`` in one transaction.
+
+    ``reader_role`` / ``writer_role`` (default PGRAG_READER_ROLE / PGRAG_WRITER_ROLE, else
+    pgrag_reader / pgrag_writer) name the roles revision 0006 creates when missing
+    (docs/security.md); like the dimension, they are fixed at that revision.
+    """
     from alembic import command
 
-    options = MigrationOptions(url, config.embedding_dim(dimension), hnsw_m, hnsw_ef_construction)
+    options = MigrationOptions(
+        url,
+        config.embedding_dim(dimension),
+        hnsw_m,
+        hnsw_ef_construction,
+        config.role_name("reader", reader_role),
+        config.role_name("writer", writer_role),
+    )
     preflight(url, options)
     with _ALEMBIC_LOCK, _alembic_errors():
         command.upgrade(_alembic_config(options), revision)
@@ -261,10 +277,11 @@ def preflight(url: str, options: MigrationOptions) -> None:
                 "(https://github.com/pgvector/pgvector#installation), use the "
                 "pgvector/pgvector:pg17 image, or unset PGRAG_DATABASE_URL for the embedded server"
             )
-        if options.dimension is None:
-            return
         migrated = conn.execute("select to_regclass('pgrag.settings') is not null").fetchone()
         if not migrated or not migrated[0]:
+            return
+        _check_roles(conn, options)
+        if options.dimension is None:
             return
         stored = conn.execute("select embedding_dim from pgrag.settings").fetchone()
         if stored and stored[0] != options.dimension:
@@ -275,14 +292,38 @@ def preflight(url: str, options: MigrationOptions) -> None:
             )
 
 
+def _check_roles(conn: psycopg.Connection[Any], options: MigrationOptions) -> None:
+    """Refuse role names other than those the database was migrated with (revision 0006)."""
+    has_roles = conn.execute(
+        "select count(*) = 2 from pg_attribute where attrelid = 'pgrag.settings'::regclass "
+        "and attname in ('reader_role', 'writer_role') and not attisdropped"
+    ).fetchone()
+    if not has_roles or not has_roles[0]:
+        return
+    row = conn.execute("select reader_role, writer_role from pgrag.settings").fetchone()
+    if row is None:
+        return
+    for kind, asked, stored in (
+        ("reader", options.reader_role, row[0]),
+        ("writer", options.writer_role, row[1]),
+    ):
+        if asked is not None and asked != stored:
+            raise ConfigError(
+                f"this database was migrated with {kind} role {stored}, not {asked}: drop "
+                f"--{kind}-role / PGRAG_{kind.upper()}_ROLE (the role names are fixed)"
+            )
+
+
 def session_settings(options: MigrationOptions) -> dict[str, str]:
     """The pgrag.* settings the incremental SQL reads with current_setting()."""
-    values = {
+    values: dict[str, int | str] = {
         "pgrag.embedding_dim": options.dimension or config.DEFAULT_EMBEDDING_DIM,
         "pgrag.hnsw_m": options.hnsw_m or config.DEFAULT_HNSW_M,
         "pgrag.hnsw_ef_construction": options.hnsw_ef_construction
         or config.DEFAULT_HNSW_EF_CONSTRUCTION,
     }
+    values["pgrag.reader_role"] = options.reader_role or config.DEFAULT_READER_ROLE
+    values["pgrag.writer_role"] = options.writer_role or config.DEFAULT_WRITER_ROLE
     return {k: str(v) for k, v in values.items()}
 
 
@@ -346,6 +387,8 @@ def _options_from_alembic_cli(context: Any) -> MigrationOptions:
         dimension=config.embedding_dim(_int("dimension")),
         hnsw_m=_int("hnsw_m"),
         hnsw_ef_construction=_int("hnsw_ef_construction"),
+        reader_role=config.role_name("reader", x.get("reader_role")),
+        writer_role=config.role_name("writer", x.get("writer_role")),
     )
 
 
@@ -360,7 +403,12 @@ def revision_upgrade(revision: str, incremental: str | None) -> None:
     apply_idempotent(bind, up_to=revision)
 
 
-def revision_downgrade(downgrade_file: str) -> None:
+def revision_downgrade(downgrade_file: str, reapply_up_to: str | None = None) -> None:
+    """What every alembic revision's downgrade() does: its downgrade file; then, for a revision
+    that replaced functions of earlier idempotent files, those files as of ``reapply_up_to``."""
     from alembic import op
 
-    apply_downgrade(op.get_bind(), downgrade_file)
+    bind = op.get_bind()
+    apply_downgrade(bind, downgrade_file)
+    if reapply_up_to is not None:
+        apply_idempotent(bind, up_to=reapply_up_to)

@@ -332,3 +332,47 @@ def test_downgrade_below_documents_removes_every_generated_object(empty_db_url: 
     assert pgrag_schema() == reference
     triggers = scalar(empty_db_url, "select count(*) from pg_trigger where tgname like 'pgrag_%'")
     assert triggers == 0
+
+
+def test_downgrade_of_0006_restores_0005_exactly(empty_db_url: str) -> None:
+    migrate.upgrade(empty_db_url, "0005")
+    at_0005 = schema_dump(empty_db_url)
+    migrate.upgrade(empty_db_url)
+    assert "chunks_read" in schema_dump(empty_db_url)  # the tenant policy
+    migrate.downgrade(empty_db_url, "0005")
+    assert schema_dump(empty_db_url) == at_0005
+    with psycopg.connect(empty_db_url) as conn:  # and functions' privileges are the defaults
+        acl = conn.execute(
+            "select count(*) from pg_proc where pronamespace = 'pgrag'::regnamespace "
+            "and proacl is not null"
+        ).fetchone()
+    assert acl == (0,)
+
+
+def test_role_names_are_chosen_at_migration_and_then_fixed(empty_db_url: str) -> None:
+    migrate.upgrade(empty_db_url, reader_role="pgrag_t_reads", writer_role="pgrag_t_writes")
+    assert scalar(empty_db_url, "select writer_role from pgrag.settings") == "pgrag_t_writes"
+    assert scalar(empty_db_url, "select has_table_privilege('pgrag_t_reads', "
+                  "'pgrag.chunks', 'select')") is True  # fmt: skip
+    assert scalar(empty_db_url, "select has_table_privilege('pgrag_t_reads', "
+                  "'pgrag.chunks', 'insert')") is False  # fmt: skip
+    with pytest.raises(ConfigError, match="migrated with reader role pgrag_t_reads"):
+        migrate.upgrade(empty_db_url, reader_role="someone_else")
+    migrate.upgrade(empty_db_url)  # no names asked: fine, keeps them
+
+
+def test_a_migrator_without_createrole_gets_the_dba_statements(empty_db_url: str) -> None:
+    dbname = psycopg.conninfo.conninfo_to_dict(empty_db_url)["dbname"]
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        conn.execute("create extension if not exists vector")
+        conn.execute(
+            "do $$ begin if not exists (select from pg_roles where rolname = 'pgrag_t_owner') "
+            "then create role pgrag_t_owner login; end if; end $$"
+        )
+        conn.execute(f'alter database "{dbname}" owner to pgrag_t_owner'.encode())
+        conn.execute("grant create on schema public to pgrag_t_owner")
+    as_owner = empty_db_url + ("&" if "?" in empty_db_url else "?") + "user=pgrag_t_owner"
+    with pytest.raises(ConfigError, match="may not create roles") as err:
+        migrate.upgrade(as_owner, reader_role="pgrag_t_r_missing", writer_role="pgrag_t_w_missing")
+    assert "create role pgrag_t_r_missing nologin" in str(err.value.__cause__ or err.value)
+    assert migrate.current(empty_db_url) is None  # nothing changed

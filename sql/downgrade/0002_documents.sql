@@ -16,6 +16,7 @@ end
 $$;
 drop function if exists pgrag.drop_document(text, boolean);
 drop function if exists pgrag.declare_document(text, text, jsonb, text, jsonb);
+drop function if exists pgrag.declare_document(text, text, jsonb, text, jsonb, text, jsonb);
 drop function if exists pgrag.refresh(text, text[]);
 drop function if exists pgrag.verify(text);
 drop function if exists pgrag.run_sync(text, text[], text, regclass);

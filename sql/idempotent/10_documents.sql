@@ -62,20 +62,46 @@ declare
     cols jsonb;
     pk_expr text;
     md_expr text;
+    body_expr text := 'd.text::text';
+    tenant_expr text := 'null::text';
     render_fn text;
     upsert text;
+    -- From revision 0006 (sql/idempotent/40_security.sql, docs/security.md) a type may name a
+    -- tenant column and sensitive columns, and chunks have a tenant column. Read through
+    -- to_jsonb() and the catalog, so this file still works at the revisions before it.
+    sec jsonb;
+    secrets text;
+    tenants boolean := exists (select 1 from pg_attribute
+                                where attrelid = 'pgrag.chunks'::regclass
+                                  and attname = 'tenant' and not attisdropped);
 begin
     select * into strict t from pgrag.doc_types d where d.name = doc_type;
+    sec := to_jsonb(t);
     select jsonb_object_agg(attname, format_type(atttypid, atttypmod)) into cols
       from pg_attribute where attrelid = t.source and attnum > 0 and not attisdropped;
     pk_expr := case when cols ? 'parent_key' then 'd.parent_key::text' else 'null::text' end;
     md_expr := case when cols ? 'metadata' then 'coalesce(d.metadata, ''{}''::jsonb)'
                     else '''{}''::jsonb' end;
+    if sec->>'tenant_column' is not null then
+        -- '' for a missing tenant: a tenant-scoped document no reader's tenant matches
+        tenant_expr := format('coalesce(d.%I::text, '''')', sec->>'tenant_column');
+    end if;
+    if coalesce(sec->'sensitive', '{}') <> '{}' then
+        -- Sensitive values are cut out of the text and metadata here, before anything stores them.
+        select format('jsonb_build_object(%s)', string_agg(format('%L, d.%I', k, k), ', ' order by k))
+          into secrets from jsonb_object_keys(sec->'sensitive') k;
+        body_expr := format('pgrag.redact_text(%s, %s, %L::jsonb)', body_expr, secrets, sec->'sensitive');
+        md_expr := format('pgrag.redact_jsonb(%s, %s, %L::jsonb)', md_expr, secrets, sec->'sensitive');
+    end if;
     render_fn := format('pgrag.%I', 'render_' || t.name);
 
+    -- (dropped first: its result gained the tenant column in revision 0006)
+    if to_regprocedure(render_fn || '(text[])') is not null then
+        execute format('drop function %s(text[])', render_fn);
+    end if;
     execute format($f$
-        create or replace function %s(keys text[])
-        returns table (key text, parent text, body text, meta jsonb)
+        create function %s(keys text[])
+        returns table (key text, parent text, body text, meta jsonb, tenant text)
         language plpgsql stable security invoker rows 10
         set search_path = pg_catalog, pg_temp
         set plan_cache_mode = force_generic_plan
@@ -85,42 +111,42 @@ begin
         as $body$
         begin
             if keys is null then
-                return query select d.source_key::text, %s, d.text::text, %s from %s d;
+                return query select d.source_key::text, %2$s, %3$s, %4$s, %5$s from %6$s d;
             else
-                return query select d.source_key::text, %s, d.text::text, %s from %s d
-                             where d.source_key = any(keys::%s[]);
+                return query select d.source_key::text, %2$s, %3$s, %4$s, %5$s from %6$s d
+                             where d.source_key = any(keys::%7$s[]);
             end if;
         end
         $body$
         $f$,
-        render_fn, pk_expr, md_expr, t.source, pk_expr, md_expr, t.source, t.key_type);
+        render_fn, pk_expr, body_expr, md_expr, tenant_expr, t.source, t.key_type);
 
     -- The upsert, with separate statements for "these keys" and "all" so each has a good
     -- cached plan (an `or keys is null` would make the keyed one scan the whole type).
     upsert := format($u$
             with src as materialized (
-                select r.key, r.parent, r.body, r.meta from %1$s(keys) r
+                select r.key, r.parent, r.body, r.meta, r.tenant from %1$s(keys) r
             ),
             up as (
                 insert into pgrag.chunks as c
-                       (doc_type, source_key, parent_key, parent_id, text, metadata)
+                       (doc_type, source_key, parent_key, parent_id, text, metadata%4$s)
                 select %2$L, s.key, s.parent,
                        (select p.id from pgrag.chunks p
                          where p.doc_type = %3$L and p.source_key = s.parent),
-                       s.body, s.meta
+                       s.body, s.meta%5$s
                 from src s
                 on conflict (doc_type, source_key) do update
                 set text = excluded.text,
                     metadata = excluded.metadata,
                     parent_key = excluded.parent_key,
-                    parent_id = excluded.parent_id,
+                    parent_id = excluded.parent_id,%6$s
                     embedding = case when c.text = excluded.text then c.embedding end,
                     embedding_model = case when c.text = excluded.text then c.embedding_model end,
                     embedded_at = case when c.text = excluded.text then c.embedded_at end,
                     updated_at = now()
-                where (c.text, c.metadata, c.parent_key, c.parent_id)
+                where (c.text, c.metadata, c.parent_key, c.parent_id%7$s)
                       is distinct from (excluded.text, excluded.metadata, excluded.parent_key,
-                                        excluded.parent_id)
+                                        excluded.parent_id%8$s)
                 returning c.embedding is null as pending
             ),
             gone as (
@@ -133,7 +159,12 @@ begin
             select (select count(*) from up), (select count(*) from up where pending),
                    (select count(*) from gone)
             into n_up, n_pending, n_gone
-            $u$, render_fn, t.name, t.parent_type);
+            $u$, render_fn, t.name, t.parent_type,
+            case when tenants then ', tenant' else '' end,
+            case when tenants then ', s.tenant' else '' end,
+            case when tenants then E'\n                    tenant = excluded.tenant,' else '' end,
+            case when tenants then ', c.tenant' else '' end,
+            case when tenants then ', excluded.tenant' else '' end);
 
     execute format($f$
         create or replace function pgrag.%1$I(keys text[])
@@ -219,6 +250,8 @@ as $fn$
 #variable_conflict use_variable
 -- What every generated trigger function does once it has the keys: refresh them, and turn a
 -- failure into an error that names the document type and keys (the statement is aborted).
+-- A type with sensitive columns (revision 0006) gets the SQLSTATE only: the message of an
+-- error in its view may quote a row's value, and errors end up in logs.
 begin
     perform pgrag.refresh(doc_type, keys);
 exception when others then
@@ -231,7 +264,13 @@ exception when others then
                                           then format(' (and %s more)', cardinality(keys) - 5)
                                           else '' end,
                                   '(all)'),
-                         op, source_table, sqlerrm),
+                         op, source_table,
+                         case when coalesce((select to_jsonb(d)->'sensitive' from pgrag.doc_types d
+                                              where d.name = doc_type), '{}') <> '{}'
+                              then format('error %s (message withheld: %s has sensitive columns;'
+                                          ' run pgrag.refresh(%L) to see it)',
+                                          sqlstate, doc_type, doc_type)
+                              else sqlerrm end),
         hint = format('fix the document view %s or the data; the statement was rolled back',
                       (select d.source::text from pgrag.doc_types d where d.name = doc_type));
 end
@@ -423,12 +462,18 @@ comment on function pgrag.drop_document(text, boolean) is
     'Remove a document type: its triggers, its generated view, its chunks; nothing else';
 
 
+-- Revision 0006 added tenant_column and sensitive: drop the five-argument version, so that a
+-- call with five arguments or fewer is not ambiguous between the two.
+drop function if exists pgrag.declare_document(text, text, jsonb, text, jsonb);
+
 create or replace function pgrag.declare_document(
     name text,
     source text,
     watches jsonb default '{}'::jsonb,
     parent_type text default null,
-    metadata_schema jsonb default '{}'::jsonb
+    metadata_schema jsonb default '{}'::jsonb,
+    tenant_column text default null,
+    sensitive jsonb default '{}'::jsonb
 )
 returns void
 language plpgsql volatile security invoker
@@ -442,6 +487,9 @@ as $fn$
 --   watches          {"schema.table": "select <key> from changed [join ...]", ...}
 --   parent_type      the declared type whose chunks are these chunks' parents (by parent_key)
 --   metadata_schema  {"key": "text|integer|numeric|boolean|date|text[]|integer[]", ...}
+--   tenant_column    a source column: each chunk's tenant (revision 0006, docs/security.md)
+--   sensitive        {"column": "omit" | "mask"}: source columns whose values are cut out of the
+--                    text and metadata (revision 0006, docs/security.md)
 -- Everything is checked before anything is created; the whole declaration is one transaction.
 -- Chunks are not rendered here: call pgrag.refresh(name) (or `pgrag rebuild name`).
 declare
@@ -455,6 +503,9 @@ declare
     dup text;
     old pgrag.doc_types;
     bad text;
+    secured boolean := exists (select 1 from pg_attribute
+                                where attrelid = 'pgrag.doc_types'::regclass
+                                  and attname = 'tenant_column' and not attisdropped);
 begin
     -- the name and the parent
     if declare_document.name is null or declare_document.name !~ '^[a-z][a-z0-9_]{0,39}$' then
@@ -486,6 +537,26 @@ begin
         raise exception using errcode = 'PR003',
             message = format('metadata_schema of %s has unknown types (%s)', declare_document.name, bad),
             hint = 'types: text, integer, numeric, boolean, date, text[], integer[]';
+    end if;
+    sensitive := coalesce(sensitive, '{}'::jsonb);
+    if (tenant_column is not null or sensitive <> '{}') and not secured then
+        raise exception using errcode = 'PR003',
+            message = format('%s declares a tenant column or sensitive columns, which this database '
+                             'cannot hold yet', declare_document.name),
+            hint = 'migrate it to revision 0006 or later: `pgrag db upgrade`';
+    end if;
+    if jsonb_typeof(sensitive) is distinct from 'object' then
+        raise exception using errcode = 'PR003',
+            message = format('sensitive of %s must be a JSON object {"column": "omit" | "mask"}',
+                             declare_document.name),
+            hint = 'e.g. {"email": "mask"}';
+    end if;
+    select string_agg(format('%s: %s', key, value), ', ') into bad
+      from jsonb_each(sensitive) where value not in ('"omit"', '"mask"');
+    if bad is not null then
+        raise exception using errcode = 'PR003',
+            message = format('sensitive of %s has unknown modes (%s)', declare_document.name, bad),
+            hint = 'omit (cut the value out) or mask (replace it with [masked <column>])';
     end if;
 
     -- replacing: remove the old triggers and generated view first (same transaction)
@@ -539,6 +610,25 @@ begin
                              declare_document.name, parent_type),
             hint = 'add the parent''s source key as parent_key';
     end if;
+    select string_agg(k, ', ') into bad
+      from (select jsonb_object_keys(sensitive) as k
+            union all select tenant_column where tenant_column is not null) x
+     where not cols ? k or k in ('source_key', 'parent_key', 'text', 'metadata');
+    if bad is not null then
+        raise exception using errcode = 'PR003',
+            message = format('the tenant or sensitive column(s) %s of %s are not extra columns of '
+                             'its source (it has %s)', bad, declare_document.name,
+                             (select string_agg(k, ', ') from jsonb_object_keys(cols) k)),
+            hint = 'add them to the source next to source_key and text, e.g. c.email, a.tenant_id';
+    end if;
+    if tenant_column is null and secured and exists (
+        select 1 from pgrag.doc_types d where d.name = parent_type and to_jsonb(d)->>'tenant_column' is not null
+    ) then
+        raise exception using errcode = 'PR003',
+            message = format('%s is a child of %s, which has a tenant column, but has none itself',
+                             declare_document.name, parent_type),
+            hint = 'pass tenant_column => ... so its chunks are tenant-scoped like their parents';
+    end if;
     if cols ? 'metadata' and cols->>'metadata' <> 'jsonb' then
         raise exception using errcode = 'PR003',
             message = format('the metadata column of %s is %s, not jsonb', declare_document.name, cols->>'metadata'),
@@ -561,6 +651,10 @@ begin
     set source = excluded.source, owns_source = excluded.owns_source, key_type = excluded.key_type,
         parent_type = excluded.parent_type, metadata_schema = excluded.metadata_schema,
         updated_at = now();
+    if secured then  -- (dynamic: the columns exist from revision 0006)
+        execute 'update pgrag.doc_types d set tenant_column = $1, sensitive = $2 where d.name = $3'
+          using tenant_column, sensitive, declare_document.name;
+    end if;
     perform pgrag.create_render_function(declare_document.name);
     if parent_type is not null then
         perform pgrag.create_render_function(parent_type);  -- its store function re-links children
@@ -601,8 +695,9 @@ begin
 end
 $fn$;
 
-comment on function pgrag.declare_document(text, text, jsonb, text, jsonb) is
-    'Declare or replace a document type: its source view, watched tables and key queries, parent type';
+comment on function pgrag.declare_document(text, text, jsonb, text, jsonb, text, jsonb) is
+    'Declare or replace a document type: its source view, watched tables and key queries, parent '
+    'type, tenant column and sensitive columns';
 
 
 create or replace function pgrag.document_keys(doc_type text)

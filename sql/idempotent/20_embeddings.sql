@@ -306,6 +306,7 @@ comment on function pgrag.begin_reembed(text, integer) is
     'Switch the store to another model: drop every vector (changing the column''s dimension if '
     'needed) and queue every chunk; the content cache keeps the old model''s vectors';
 
+-- From revision 0006, 40_security.sql replaces this with a security definer version.
 create or replace function pgrag.query_cache_get(model_name text, hash bytea, ttl interval)
 returns vector
 language sql stable security invoker

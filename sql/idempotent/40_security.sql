@@ -1,0 +1,314 @@
+-- Security: the reader and writer roles' grants, tenant isolation, sensitive columns.
+-- Introduced by revision 0006: applied by that revision and every later one.
+-- Re-applied by every migration that reaches head. docs/security.md explains the design.
+--
+-- Roles (names in pgrag.settings, chosen at migration time):
+--   reader  searches, reads exact statistics and context: SELECT on the chunks (row-level
+--           security: its tenant's chunks and the shared ones) and on the catalog tables;
+--           nothing on any source table.
+--   writer  also declares documents (CREATE on schema pgrag), renders them (writes chunks) and
+--           embeds (the caches and the worker's tables). It sees every tenant's chunks: it
+--           writes every tenant's source rows, and the worker embeds every chunk.
+-- Functions are security invoker, except three, each minimal, with a fixed search_path, and
+-- executable by the two roles only (not PUBLIC):
+--   pgrag.current_tenant()        reads pgrag.tenant_roles, which readers may not read
+--   pgrag.reader_doc_type_stats   runs a type's declared statistics over the source tables
+--                                 for a reader (pgrag.doc_type_stats calls it)
+--   pgrag.query_cache_get(...)    reads one cached question vector by hash
+--
+-- Tenants: a chunk's tenant is NULL (its type has no tenant column: every reader sees it) or the
+-- value of its type's tenant column. A session's tenant is its role's binding in
+-- pgrag.tenant_roles if it has one, else the setting pgrag.tenant, else none: it then sees only
+-- the shared (NULL) chunks.
+
+create or replace function pgrag.session_role()
+returns name
+language sql stable parallel safe security invoker
+set search_path = pg_catalog, pg_temp
+-- The role the session acts as: SET ROLE's role, else the login role. Unlike current_user it
+-- stays the caller's inside a security definer function.
+return case when current_setting('role') = 'none' then session_user
+            else current_setting('role')::name end;
+
+comment on function pgrag.session_role() is
+    'The role the session acts as (SET ROLE''s, else the login role), also inside definer functions';
+
+create or replace function pgrag.current_tenant()
+returns text
+language sql stable security definer
+set search_path = pg_catalog, pg_temp
+-- security definer: it reads pgrag.tenant_roles, which no reader may read (it lists every
+-- tenant and role). It takes no argument and returns only the calling session's own tenant:
+-- its role's binding, which the session cannot change, else the setting pgrag.tenant.
+return coalesce((select b.tenant from pgrag.tenant_roles b
+                  where b.role_name = pgrag.session_role()),
+                nullif(current_setting('pgrag.tenant', true), ''));
+
+comment on function pgrag.current_tenant() is
+    'The session''s tenant: its role''s binding (pgrag.tenant_roles), else the setting pgrag.tenant';
+
+create or replace function pgrag.sees_all_tenants()
+returns boolean
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+-- What row-level security lets the session's role see of pgrag.chunks: every row for a
+-- superuser, a BYPASSRLS role, the table's owner and the writer role's members.
+return coalesce((
+    select r.rolsuper or r.rolbypassrls
+        or pg_has_role(r.oid, (select c.relowner from pg_class c
+                               where c.oid = 'pgrag.chunks'::regclass), 'USAGE')
+        or pg_has_role(r.oid, (select s.writer_role from pgrag.settings s), 'USAGE')
+    from pg_roles r
+    where r.rolname = pgrag.session_role()), false);
+
+comment on function pgrag.sees_all_tenants() is
+    'Whether the session''s role sees every tenant''s chunks (owner, writer, superuser, BYPASSRLS)';
+
+create or replace function pgrag.bind_tenant_role(role_name name, tenant text)
+returns void
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_variable
+-- Bind a role to a tenant (NULL: unbind it). Only the owner of pgrag.tenant_roles (the migrating
+-- role) may: no grant on it is given to the reader or writer role.
+begin
+    if not exists (select 1 from pg_roles r where r.rolname = role_name) then
+        raise exception using errcode = 'PR006',
+            message = format('role %s does not exist', role_name),
+            hint = 'create the role first (create role ... login), then bind it';
+    end if;
+    if tenant is null then
+        delete from pgrag.tenant_roles b where b.role_name = role_name;
+    elsif tenant = '' then
+        raise exception using errcode = 'PR006',
+            message = format('the tenant of role %s is empty', role_name),
+            hint = 'pass the tenant''s value, or NULL to unbind the role';
+    else
+        insert into pgrag.tenant_roles as b (role_name, tenant) values (role_name, tenant)
+        on conflict on constraint tenant_roles_pkey do update set tenant = excluded.tenant;
+    end if;
+end
+$$;
+
+comment on function pgrag.bind_tenant_role(name, text) is
+    'Bind a role to a tenant (NULL: unbind): its sessions see only that tenant, whatever pgrag.tenant says';
+
+-- ---- sensitive columns: cut out of chunks at render time ----
+
+create or replace function pgrag.redact_text(t text, secrets jsonb, modes jsonb)
+returns text
+language plpgsql immutable parallel safe security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+-- secrets {"column": value}, modes {"column": "omit" | "mask"}: every string, number or boolean
+-- inside each column's value (a scalar, an array, an object) is cut out of t wherever it occurs,
+-- ignoring case: removed (omit) or replaced by [masked <column>] (mask). Longest values first.
+declare
+    r record;
+begin
+    if t is null then
+        return null;
+    end if;
+    for r in select v.val,
+                    case m.value #>> '{}' when 'omit' then ''
+                         else replace(format('[masked %s]', m.key), '\', '\\') end as repl
+               from jsonb_each(modes) m
+               cross join lateral (
+                   select x #>> '{}' as val
+                   from jsonb_path_query(coalesce(secrets -> m.key, 'null'), 'strict $.**') x
+                   where jsonb_typeof(x) in ('string', 'number', 'boolean')) v
+              where v.val <> ''
+              order by length(v.val) desc, v.val loop
+        t := regexp_replace(t, '***=' || r.val, r.repl, 'gi');  -- ***= : a literal, not a regex
+    end loop;
+    return t;
+end
+$$;
+
+comment on function pgrag.redact_text(text, jsonb, jsonb) is
+    'A text with the values of sensitive columns cut out (omit) or replaced by [masked <column>]';
+
+create or replace function pgrag.redact_jsonb(j jsonb, secrets jsonb, modes jsonb)
+returns jsonb
+language plpgsql immutable parallel safe security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+-- pgrag.redact_text on every key and scalar of a JSON value; a number or boolean holding a
+-- sensitive value becomes the mask string.
+declare
+    s text;
+begin
+    case jsonb_typeof(j)
+        when 'object' then
+            return (select coalesce(jsonb_object_agg(pgrag.redact_text(e.key, secrets, modes),
+                                                     pgrag.redact_jsonb(e.value, secrets, modes)),
+                                    '{}'::jsonb)
+                    from jsonb_each(j) e);
+        when 'array' then
+            return (select coalesce(jsonb_agg(pgrag.redact_jsonb(e.value, secrets, modes)
+                                              order by e.n), '[]'::jsonb)
+                    from jsonb_array_elements(j) with ordinality e(value, n));
+        when 'string' then
+            return to_jsonb(pgrag.redact_text(j #>> '{}', secrets, modes));
+        when 'number', 'boolean' then
+            s := pgrag.redact_text(j #>> '{}', secrets, modes);
+            return case when s = j #>> '{}' then j else to_jsonb(s) end;
+        else
+            return j;
+    end case;
+end
+$$;
+
+comment on function pgrag.redact_jsonb(jsonb, jsonb, jsonb) is
+    'pgrag.redact_text on every key and scalar of a JSON value (chunk metadata)';
+
+-- ---- the definer functions that replace earlier revisions' invoker ones ----
+
+-- Replaces 30_search.sql's version (the downgrade of 0006 drops this one and re-applies it).
+create or replace function pgrag.doc_type_stats(doc_type text, chunk_ids bigint[])
+returns jsonb
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+-- A session that sees every tenant (the owner, the writer, a superuser) runs the declared query
+-- itself, with its own privileges, as before revision 0006. Any other (a reader) gets it from
+-- pgrag.reader_doc_type_stats, over the chunks it may see.
+declare
+    body text;
+    result jsonb;
+begin
+    if not pgrag.sees_all_tenants() then
+        return pgrag.reader_doc_type_stats(doc_type, chunk_ids);
+    end if;
+    select s.stats_sql into body from pgrag.doc_stats s where s.doc_type = doc_type_stats.doc_type;
+    if body is null then
+        return null;
+    end if;
+    execute format(
+        'with hits as materialized (select c.id, c.doc_type, c.source_key, c.parent_id, '
+        'c.parent_key, c.metadata, c.text from pgrag.chunks c '
+        'where c.id = any($1) and c.doc_type = $2) '
+        'select s.stats::jsonb from (%s) as s(stats)', body)
+        into result using chunk_ids, doc_type;
+    return result;
+end
+$$;
+
+comment on function pgrag.doc_type_stats(text, bigint[]) is
+    'Run the declared statistics query of a document type over the given chunks (the CTE hits); '
+    'readers through pgrag.reader_doc_type_stats';
+
+create or replace function pgrag.reader_doc_type_stats(doc_type text, chunk_ids bigint[])
+returns jsonb
+language plpgsql stable security definer
+set search_path = pg_catalog, pg_temp
+as $$
+-- security definer, owned by the writer role (below): a reader gets exact aggregates over the
+-- source tables without SELECT on them, which the writer role holds. Why it is safe:
+--   * the query it runs is the type's pgrag.doc_stats.stats_sql, which only the writer role may
+--     declare (pgrag.declare_stats), and it runs with the writer role's privileges, no more;
+--   * the caller's arguments are bound parameters, never spliced into SQL;
+--   * hits holds only the chunks the calling session may see: row-level security does not
+--     apply to the writer role, so the chunks policy is applied here, for the session's role
+--     and tenant (pgrag.current_tenant, pgrag.sees_all_tenants), whatever ids are passed.
+declare
+    body text;
+    result jsonb;
+begin
+    select s.stats_sql into body
+      from pgrag.doc_stats s where s.doc_type = reader_doc_type_stats.doc_type;
+    if body is null then
+        return null;
+    end if;
+    execute format(
+        'with hits as materialized (select c.id, c.doc_type, c.source_key, c.parent_id, '
+        'c.parent_key, c.metadata, c.text from pgrag.chunks c '
+        'where c.id = any($1) and c.doc_type = $2 '
+        'and (c.tenant is null or c.tenant = $3 or $4)) '
+        'select s.stats::jsonb from (%s) as s(stats)', body)
+        into result using chunk_ids, doc_type, pgrag.current_tenant(), pgrag.sees_all_tenants();
+    return result;
+end
+$$;
+
+comment on function pgrag.reader_doc_type_stats(text, bigint[]) is
+    'A document type''s statistics over the given chunks the session may see; security definer, '
+    'owned by the writer role, so readers need no SELECT on source tables';
+
+-- Replaces 20_embeddings.sql's version (the downgrade of 0006 drops this one and re-applies it).
+create or replace function pgrag.query_cache_get(model_name text, hash bytea, ttl interval)
+returns vector
+language sql stable security definer
+set search_path = pg_catalog, pg_temp
+-- security definer: a reader may use the shared query cache without reading it (its question
+-- texts are other tenants' questions). It returns one vector, for an exact hash, nothing else.
+-- Readers do not write it (pgrag.query_cache_put is invoker, and only the writer may).
+as $$
+    select q.embedding
+    from pgrag.query_cache q
+    where q.model = model_name and q.query_hash = hash and q.created_at > now() - ttl
+$$;
+
+comment on function pgrag.query_cache_get(text, bytea, interval) is
+    'The cached vector of a normalized question, if younger than ttl (security definer)';
+
+-- ---- policies and grants, for the role names in pgrag.settings ----
+
+do $$
+declare
+    s pgrag.settings;
+    f text;
+    p regprocedure;
+begin
+    select * into strict s from pgrag.settings;
+
+    -- Row-level security on pgrag.chunks (enabled by revision 0006). The owner and superusers
+    -- bypass it; the subquery makes pgrag.current_tenant() run once per statement, not per row.
+    drop policy if exists chunks_read on pgrag.chunks;
+    create policy chunks_read on pgrag.chunks for select
+        using (tenant is null or tenant = (select pgrag.current_tenant()));
+    drop policy if exists chunks_write on pgrag.chunks;
+    execute format('create policy chunks_write on pgrag.chunks for all to %I '
+                   'using (true) with check (true)', s.writer_role);
+
+    execute format('alter function pgrag.reader_doc_type_stats(text, bigint[]) owner to %I',
+                   s.writer_role);
+    foreach f in array array['pgrag.current_tenant()',
+                             'pgrag.reader_doc_type_stats(text, bigint[])',
+                             'pgrag.query_cache_get(text, bytea, interval)'] loop
+        execute format('revoke all on function %s from public', f);
+        execute format('grant execute on function %s to %I, %I', f, s.reader_role, s.writer_role);
+    end loop;
+
+    -- What changes documents or vectors is the writer's alone (the owner may always):
+    -- the tables behind these are closed to readers anyway; this makes the refusal a clear
+    -- "permission denied for function". bind_tenant_role is the owner's alone.
+    for p in select pr.oid::regprocedure from pg_proc pr
+              where pr.pronamespace = 'pgrag'::regnamespace
+                and pr.proname in ('declare_document', 'drop_document', 'refresh', 'declare_stats',
+                                   'claim_chunks', 'release_chunks', 'store_embeddings',
+                                   'record_embed_failures', 'clear_embed_errors', 'begin_reembed',
+                                   'query_cache_put', 'prune_embedding_cache', 'bind_tenant_role')
+    loop
+        execute format('revoke all on function %s from public', p);
+        if p::text not like 'pgrag.bind_tenant_role(%' then
+            execute format('grant execute on function %s to %I', p, s.writer_role);
+        end if;
+    end loop;
+
+    execute format('grant usage on schema pgrag to %I, %I', s.reader_role, s.writer_role);
+    execute format('grant create on schema pgrag to %I', s.writer_role);
+    execute format('grant select on pgrag.chunks, pgrag.doc_types, pgrag.doc_watches, '
+                   'pgrag.doc_stats, pgrag.settings to %I, %I', s.reader_role, s.writer_role);
+    execute format('grant insert, update, delete on pgrag.chunks, pgrag.doc_types, '
+                   'pgrag.doc_watches, pgrag.doc_stats to %I', s.writer_role);
+    execute format('grant select, insert, update, delete on pgrag.embedding_cache, '
+                   'pgrag.query_cache, pgrag.embed_errors to %I', s.writer_role);
+    execute format('grant update (embedding_model) on pgrag.settings to %I', s.writer_role);
+    execute format('grant select, insert on pgrag.eval_runs to %I', s.writer_role);
+    -- both check that the database is at pgrag's head revision (alembic's version table)
+    execute format('grant select on public.pgrag_alembic_version to %I, %I',
+                   s.reader_role, s.writer_role);
+end
+$$;
