@@ -116,8 +116,15 @@ def _ids(conn: psycopg.Connection[Any], v: Any, flt: dict[str, Any], k: int) -> 
     return [int(r[0]) for r in rows]
 
 
+def _top_level(conn: psycopg.Connection[Any]) -> None:
+    """SET LOCAL inside a savepoint outlives it: the settings below need their own transaction."""
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        raise RuntimeError("the sweep needs a connection outside any transaction")
+
+
 def exact(conn: psycopg.Connection[Any], v: Any, flt: dict[str, Any], k: int) -> list[int]:
     """Ground truth: every matching vector compared (the index disabled)."""
+    _top_level(conn)
     with conn.transaction():
         conn.execute("set local enable_indexscan = off")
         return _ids(conn, v, flt, k)
@@ -126,6 +133,7 @@ def exact(conn: psycopg.Connection[Any], v: Any, flt: dict[str, Any], k: int) ->
 def bare(
     conn: psycopg.Connection[Any], v: Any, flt: dict[str, Any], k: int, ef: int, iterative: bool
 ) -> tuple[float, list[int]]:
+    _top_level(conn)
     with conn.transaction():
         conn.execute(_SETTINGS, {"ef": str(ef), "it": "relaxed_order" if iterative else "off"})
         t = time.perf_counter()
@@ -150,6 +158,8 @@ def sweep_size(
     with psycopg.connect(url) as conn:
         register_vector(conn)
         n = synthetic.loaded(conn)
+        idx = conn.execute(_INDEX_OPTIONS).fetchone()
+        conn.rollback()
         steps = len(synthetic.SELECTIVITIES) * (1 + 2 * len(ef_values) + 1)
         done = 0
         for label, flt in synthetic.SELECTIVITIES.items():
@@ -190,7 +200,6 @@ def sweep_size(
             done += 1
             if progress:
                 progress(f"{n:,} chunks", done, steps)
-        idx = conn.execute(_INDEX_OPTIONS).fetchone()
     index = ", ".join(idx[0]) if idx and idx[0] else "m=16, ef_construction=64"
     name, breakdown = stage_breakdown(url, queries, k) if stages else ("", {})
     return SizeReport(

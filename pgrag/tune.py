@@ -134,15 +134,22 @@ def tune(
     steps = sorted(set(ladder))
     if not steps or steps[0] < 1 or steps[-1] > 1000:
         raise ConfigError("ef_search values must be within 1 to 1,000")
-    row = conn.execute("select count(*) from pgrag.chunks where embedding is not null").fetchone()
-    chunks = int(row[0]) if row else 0
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        # each measurement sets planner options for its own transaction only: SET LOCAL in a
+        # savepoint of an open transaction would outlive it and disable the index for the rest
+        raise ConfigError("tune needs a connection outside a transaction: commit or roll back")
+    with conn.transaction():
+        row = conn.execute(
+            "select count(*) from pgrag.chunks where embedding is not null"
+        ).fetchone()
+        chunks = int(row[0]) if row else 0
+        previous = current_setting(conn)
+        source, vecs, own = _query_vectors(conn, queries, seed)
     if chunks <= k:
         raise PgragError(
             f"the store has {chunks} chunks with vectors: tuning needs more than k = {k}; "
             "embed first (pgrag embed)"
         )
-    previous = current_setting(conn)
-    source, vecs, own = _query_vectors(conn, queries, seed)
     truths: list[set[int]] = []
     for i, (v, self_id) in enumerate(zip(vecs, own, strict=True)):
         ids = [x for x in _exact(conn, v, k + 1) if x != self_id][:k]
@@ -194,25 +201,21 @@ def store(conn: psycopg.Connection[Any], ef_search: int | None) -> None:
     """Make ``ef_search`` the database's default for pgrag searches (None: remove it)."""
     if ef_search is not None and not 1 <= ef_search <= 1000:
         raise ConfigError(f"ef_search = {ef_search} is out of range: use 1 to 1,000")
-    row = conn.execute("select current_database()").fetchone()
-    assert row is not None
-    db = sql.Identifier(str(row[0]))
-    stmt = (
-        sql.SQL("alter database {} set pgrag.ef_search = {}").format(
-            db, sql.Literal(str(ef_search))
-        )
-        if ef_search is not None
-        else sql.SQL("alter database {} reset pgrag.ef_search").format(db)
-    )
     try:
         with conn.transaction():
-            conn.execute(stmt)
+            row = conn.execute("select current_database()").fetchone()
+            assert row is not None
+            db = sql.Identifier(str(row[0]))
+            value = "" if ef_search is None else str(ef_search)
+            conn.execute(
+                sql.SQL("alter database {} set pgrag.ef_search = {}").format(db, sql.Literal(value))
+                if ef_search is not None
+                else sql.SQL("alter database {} reset pgrag.ef_search").format(db)
+            )
+            # this session follows at once (new sessions read the database default)
+            conn.execute("select set_config('pgrag.ef_search', %s, false)", (value,))
     except psycopg.errors.InsufficientPrivilege as exc:
         raise PgragError(
             f"cannot store pgrag.ef_search: {str(exc).strip().splitlines()[0]}; run pgrag tune "
             "as the database owner, or set it per role: ALTER ROLE <role> SET pgrag.ef_search = N"
         ) from exc
-    conn.execute(
-        "select set_config('pgrag.ef_search', %s, false)",
-        ("" if ef_search is None else str(ef_search),),
-    )
