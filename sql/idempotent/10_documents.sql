@@ -221,19 +221,22 @@ as $fn$
 -- failure into an error that names the document type and keys (the statement is aborted).
 begin
     perform pgrag.refresh(doc_type, keys);
-exception when others then
-    raise exception using
-        errcode = 'PR004',
-        message = format('pgrag could not rebuild %s document(s) %s after %s on %s: %s',
-                         doc_type,
-                         coalesce(array_to_string(keys[1:5], ', ')
-                                  || case when cardinality(keys) > 5
-                                          then format(' (and %s more)', cardinality(keys) - 5)
-                                          else '' end,
-                                  '(all)'),
-                         op, source_table, sqlerrm),
-        hint = format('fix the document view %s or the data; the statement was rolled back',
-                      (select d.source::text from pgrag.doc_types d where d.name = doc_type));
+exception
+    when deadlock_detected or serialization_failure or lock_not_available or query_canceled then
+        raise;  -- contention or a timeout, not the document: keep the SQLSTATE a caller retries on
+    when others then
+        raise exception using
+            errcode = 'PR004',
+            message = format('pgrag could not rebuild %s document(s) %s after %s on %s: %s',
+                             doc_type,
+                             coalesce(array_to_string(keys[1:5], ', ')
+                                      || case when cardinality(keys) > 5
+                                              then format(' (and %s more)', cardinality(keys) - 5)
+                                              else '' end,
+                                      '(all)'),
+                             op, source_table, sqlerrm),
+            hint = format('fix the document view %s or the data; the statement was rolled back',
+                          (select d.source::text from pgrag.doc_types d where d.name = doc_type));
 end
 $fn$;
 
