@@ -112,7 +112,7 @@ def restart(server: EmbeddedServer, timeout: float = 60) -> str:
 def kill_round(
     server: EmbeddedServer, url: str, target: str, rng: random.Random, stats: KillStats
 ) -> str:
-    """One round; returns the URL (the same, unless the server was restarted)."""
+    """One round on the database at ``url`` (of ``server``); returns ``url``."""
     writer = _spawn(WRITER, url, str(rng.randrange(1, 1000)))
     worker = _spawn(WORKER, url, str(REPO))
     time.sleep(rng.uniform(0.5, 2.5))
@@ -123,7 +123,7 @@ def kill_round(
     printed = _kill(victim)
     if target == "server":
         _kill(worker)
-        url = restart(server)
+        restart(server)  # same data directory, same socket: ``url`` still points at it
     elif target == "worker":
         time.sleep(rng.uniform(0.1, 0.5))  # the writer goes on a little without a worker
         printed = _kill(writer)
