@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 
 from pgrag import search as search_mod
 from pgrag.answer import Answer, Context, LLMConfig, answer
+from pgrag.limits import check_question
 from pgrag.parse import ParsedQuery, parse_question
 from pgrag.rerank import Reranker
 from pgrag.search import SearchHit
@@ -159,6 +160,7 @@ def ask(
                 today=today,
             )
     conn = target
+    check_question(question)
     started = time.perf_counter()
     categories, schemas = _catalog_for(conn)
     parsed = parse_question(question, categories=categories, today=today, schemas=schemas or None)

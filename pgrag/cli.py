@@ -209,12 +209,18 @@ def db_upgrade(
 
 @db.command("downgrade")
 @click.argument("revision")
+@click.option(
+    "--drop-data",
+    is_flag=True,
+    help="Allow dropping tables that hold rows (chunks, declared documents, caches, eval runs); "
+    "without it such a downgrade is refused and nothing changes.",
+)
 @click.pass_obj
-def db_downgrade(state: _State, revision: str) -> None:
+def db_downgrade(state: _State, revision: str, drop_data: bool) -> None:
     """Migrate down to REVISION ("base" removes pgrag's schema and what it created)."""
     url = state.url()
     before = migrate.current(url)
-    migrate.downgrade(url, revision)
+    migrate.downgrade(url, revision, drop_data=drop_data)
     click.echo(f"migrated {before or 'base'} -> {migrate.current(url) or 'base'}")
 
 

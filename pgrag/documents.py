@@ -16,7 +16,8 @@ from typing import Any
 import psycopg
 from psycopg.rows import class_row
 
-from pgrag.errors import PgragError, mapped_database_errors
+from pgrag.errors import DocumentError, PgragError, mapped_database_errors
+from pgrag.limits import MAX_NAME_CHARS, MAX_SQL_CHARS, check_text
 
 REBUILD_BATCH = 2000
 
@@ -71,6 +72,7 @@ def declare(
     maps source columns to ``"omit"`` or ``"mask"``: their values never reach the chunks
     (docs/security.md).
     """
+    _check_declaration(name, source, watches, parent, metadata_schema)
     with mapped_database_errors(), conn.transaction():
         conn.execute(
             "select pgrag.declare_document(%s, %s, %s::jsonb, %s, %s::jsonb, %s, %s::jsonb)",
@@ -84,6 +86,40 @@ def declare(
                 json.dumps(dict(sensitive or {})),
             ),
         )
+
+
+def _check_declaration(
+    name: Any,
+    source: Any,
+    watches: Any,
+    parent: Any,
+    metadata_schema: Any,
+) -> None:
+    """Refuse (DocumentError) declaration arguments PostgreSQL cannot take as text at all.
+
+    Whether they make sense (an identifier, an existing table, a compiling query) is
+    pgrag.declare_document's to check, in SQL, before it creates anything.
+    """
+    check_text(name, "the document type name", limit=MAX_NAME_CHARS, error=DocumentError)
+    check_text(source, f"the source of {name}", limit=MAX_SQL_CHARS, error=DocumentError)
+    if parent is not None:
+        check_text(parent, f"the parent of {name}", limit=MAX_NAME_CHARS, error=DocumentError)
+    for what, mapping, limit in (
+        ("watches", watches, MAX_SQL_CHARS),
+        ("metadata_schema", metadata_schema or {}, MAX_NAME_CHARS),
+    ):
+        if not isinstance(mapping, Mapping):
+            raise DocumentError(
+                f"{what} of {name} must be a mapping, not {type(mapping).__name__}: "
+                + (
+                    'e.g. {"shop.orders": "select customer_id from changed"}'
+                    if what == "watches"
+                    else 'e.g. {"segment": "text"}'
+                )
+            )
+        for key, value in mapping.items():
+            check_text(key, f"a key of {what} of {name}", limit=MAX_NAME_CHARS, error=DocumentError)
+            check_text(value, f"{what}[{key!r}] of {name}", limit=limit, error=DocumentError)
 
 
 def drop(conn: psycopg.Connection[Any], name: str, *, keep_chunks: bool = False) -> int:

@@ -42,6 +42,11 @@ MAX_DEPTH = 32
 MAX_TERMS = 1_000
 MAX_IN_VALUES = 10_000
 MAX_FILTER_CHARS = 1_000_000
+# Containers (objects and arrays) nested inside each other, and JSON values in all: checked
+# without recursion before compiling, so a filter nested 10,000 deep (or a Python structure
+# that contains itself) is refused instead of exhausting the interpreter's stack.
+MAX_NESTING = 2 * MAX_DEPTH + 4
+MAX_NODES = 200_000
 
 LOGICAL_OPERATORS = ("$and", "$or", "$not")
 RANGE_OPERATORS = ("$gt", "$gte", "$lt", "$lte")
@@ -133,9 +138,35 @@ def compile_filter(
         raise ValueError("param_prefix must be a lower-case identifier like 'pgrag_f'")
     if filter is None:
         return CompiledFilter([sql.SQL("true")], {})
+    check_shape(filter)
     compiler = _Compiler(schema, column, doc_type_column, param_prefix)
     expr = compiler.object(filter, depth=1, where="the filter")
     return CompiledFilter([expr], compiler.params)
+
+
+def check_shape(filter: Any) -> None:
+    """Refuse (InvalidFilter) a filter nested too deeply or too large, walking it iteratively."""
+    stack: list[tuple[Any, int]] = [(filter, 1)]
+    nodes = 0
+    while stack:
+        node, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_NODES:
+            raise InvalidFilter(
+                f"filter has more than {MAX_NODES:,} values: simplify it, or filter on a "
+                "broader key"
+            )
+        if isinstance(node, Mapping):
+            children: Iterable[Any] = node.values()
+        elif isinstance(node, list | tuple):
+            children = node
+        else:
+            continue
+        if depth > MAX_NESTING:
+            raise InvalidFilter(
+                f"filter is nested more than {MAX_DEPTH} levels deep: flatten its $and/$or/$not"
+            )
+        stack.extend((child, depth + 1) for child in children)
 
 
 def parse_filter_json(text: str) -> dict[str, Any]:
@@ -200,8 +231,8 @@ def _json_type(value: Any) -> str:
 def _show(value: Any) -> str:
     try:
         shown = json.dumps(value, default=str)
-    except (TypeError, ValueError):
-        shown = repr(value)
+    except (TypeError, ValueError, RecursionError):
+        shown = "..." if isinstance(value, list | tuple | Mapping) else repr(value)
     return shown if len(shown) <= 60 else shown[:57] + "..."
 
 

@@ -118,6 +118,7 @@ class MigrationOptions:
     hnsw_ef_construction: int | None = None
     reader_role: str | None = None
     writer_role: str | None = None
+    drop_data: bool = False  # a downgrade may drop tables that hold rows
 
 
 def _alembic_config(options: MigrationOptions) -> Any:
@@ -203,11 +204,15 @@ def refresh_idempotent(url: str) -> None:
         conn.commit()
 
 
-def downgrade(url: str, revision: str) -> None:
-    """Migrate the database at ``url`` down to ``revision`` ("base" removes pgrag entirely)."""
+def downgrade(url: str, revision: str, *, drop_data: bool = False) -> None:
+    """Migrate the database at ``url`` down to ``revision`` ("base" removes pgrag entirely).
+
+    A step that would drop a table holding rows (chunks, declared documents, caches, eval
+    runs...) is refused with ConfigError, and nothing changes, unless ``drop_data``.
+    """
     from alembic import command
 
-    options = MigrationOptions(url)
+    options = MigrationOptions(url, drop_data=drop_data)
     preflight(url, options)
     with _ALEMBIC_LOCK, _alembic_errors():
         command.downgrade(_alembic_config(options), revision)
@@ -321,6 +326,7 @@ def session_settings(options: MigrationOptions) -> dict[str, str]:
         "pgrag.hnsw_m": options.hnsw_m or config.DEFAULT_HNSW_M,
         "pgrag.hnsw_ef_construction": options.hnsw_ef_construction
         or config.DEFAULT_HNSW_EF_CONSTRUCTION,
+        "pgrag.drop_data": "on" if options.drop_data else "off",
     }
     values["pgrag.reader_role"] = options.reader_role or config.DEFAULT_READER_ROLE
     values["pgrag.writer_role"] = options.writer_role or config.DEFAULT_WRITER_ROLE
@@ -389,6 +395,7 @@ def _options_from_alembic_cli(context: Any) -> MigrationOptions:
         hnsw_ef_construction=_int("hnsw_ef_construction"),
         reader_role=config.role_name("reader", x.get("reader_role")),
         writer_role=config.role_name("writer", x.get("writer_role")),
+        drop_data=str(x.get("drop_data", "")).lower() in ("1", "on", "yes", "true"),
     )
 
 
@@ -409,6 +416,60 @@ def revision_downgrade(downgrade_file: str, reapply_up_to: str | None = None) ->
     from alembic import op
 
     bind = op.get_bind()
+    driver = bind.connection.driver_connection
+    assert isinstance(driver, psycopg.Connection)
+    refuse_data_loss(driver, downgrade_file)
     apply_downgrade(bind, downgrade_file)
     if reapply_up_to is not None:
         apply_idempotent(bind, up_to=reapply_up_to)
+
+
+# Configuration, not data: always one row, recreated by the next upgrade.
+_NOT_DATA = {("pgrag", "settings")}
+_DROP_TABLE = re.compile(r"^\s*drop\s+table\s+(?:if\s+exists\s+)?(\w+)\.(\w+)", re.I | re.M)
+_DROP_SCHEMA = re.compile(r"^\s*drop\s+schema\s+(?:if\s+exists\s+)?(\w+)", re.I | re.M)
+
+
+def tables_dropped_by(downgrade_file: str) -> list[tuple[str, str]]:
+    """(schema, table) of every table a downgrade file drops, read from its SQL."""
+    body = (sql_dir() / "downgrade" / downgrade_file).read_text(encoding="utf-8")
+    found = [(m.group(1), m.group(2)) for m in _DROP_TABLE.finditer(body)]
+    schemas = [m.group(1) for m in _DROP_SCHEMA.finditer(body)]
+    return found + [(schema, "*") for schema in schemas]
+
+
+def refuse_data_loss(conn: psycopg.Connection[Any], downgrade_file: str) -> None:
+    """Raise ConfigError if this downgrade step drops tables holding rows, unless the
+    migration runs with ``pgrag.drop_data = on`` (``--drop-data``, ``-x drop_data=yes``)."""
+    row = conn.execute("select current_setting('pgrag.drop_data', true)").fetchone()
+    if row and row[0] == "on":
+        return
+    tables: list[tuple[str, str]] = []
+    for schema, name in tables_dropped_by(downgrade_file):
+        if name == "*":
+            tables += [
+                (str(r[0]), str(r[1]))
+                for r in conn.execute(
+                    "select schemaname, tablename from pg_tables where schemaname = %s "
+                    "order by tablename",
+                    (schema,),
+                )
+            ]
+        else:
+            tables.append((schema, name))
+    holding = []
+    for schema, name in tables:
+        if (schema, name) in _NOT_DATA:
+            continue
+        found = conn.execute(
+            sql.SQL("select count(*) from {}").format(sql.Identifier(schema, name))
+        ).fetchone()
+        if found and found[0]:
+            holding.append(f"{schema}.{name} ({found[0]:,} rows)")
+    if holding:
+        step = downgrade_file.removesuffix(".sql")
+        raise ConfigError(
+            f"downgrading past {step} would drop {', '.join(holding)}: nothing was changed; "
+            "export what you need, then downgrade again with --drop-data "
+            "(plain alembic: -x drop_data=yes)"
+        )

@@ -23,6 +23,7 @@ from typing import Any
 
 from pgrag.errors import InvalidFilter, MissingDependency, PgragError
 from pgrag.filters import compile_filter, union_schema
+from pgrag.limits import check_question
 
 CUSTOMER_PROFILE = "customer_profile"
 ORDER_DETAIL = "order_detail"
@@ -246,6 +247,7 @@ def parse_question(
     word-pair rule; ``schemas`` (default SHOP_SCHEMAS) decide which keys a filter may use:
     a rule whose key the preferred document type lacks is dropped with a note.
     """
+    check_question(question)
     today = today or dt.date.today()
     schemas = SHOP_SCHEMAS if schemas is None else schemas
     text = question.replace("\u2019", "'").replace("\u2018", "'")

@@ -40,6 +40,7 @@ from psycopg.rows import class_row
 
 from pgrag.errors import ConfigError, InvalidFilter, NotMigrated, from_database
 from pgrag.filters import CompiledFilter, compile_filter, union_schema
+from pgrag.limits import check_names, check_query_vector, check_question
 
 if TYPE_CHECKING:
     from pgrag.db import Client
@@ -327,6 +328,8 @@ def make_request(
     if match not in MATCHES:
         raise ConfigError(f"text match {match!r} is unknown: use all (every word) or any")
     _check_int("k", k, 1, MAX_K)
+    if doc_types is not None:
+        doc_types = check_names(doc_types, "doc_types")
     _check_int("exact_threshold", exact_threshold, 0, 100_000_000)
     _check_int("rrf_k", rrf_k, 1, 100_000)
     _check_int("fts_limit", fts_limit, 1, 100_000_000)
@@ -354,9 +357,7 @@ def make_request(
                 f"a {mode} search needs a query vector: pass vector=... or a question and an "
                 "embedder, or search with mode='text'"
             )
-        arr = np.asarray(vector, dtype=np.float32).ravel()
-        if arr.size == 0 or not np.all(np.isfinite(arr)):
-            raise ConfigError("the query vector is empty or holds NaN/infinity: embed again")
+        arr = check_query_vector(vector)
         params["qvec"] = arr.tolist()
         params["dim"] = int(arr.size)
     if mode != "vector" and not (text and text.strip()):
@@ -560,6 +561,8 @@ def search(
                 schema=schema,
             )
     conn = target
+    if query is not None:
+        check_question(query)
     started = time.perf_counter()
     qv: QueryVector | None = None
     timings: dict[str, float] = {}
@@ -690,6 +693,8 @@ async def asearch(
     schema: Mapping[str, str] | None = None,
 ) -> SearchResult:
     """``search`` on an async connection: the same statement, the same results."""
+    if query is not None:
+        check_question(query)
     started = time.perf_counter()
     qv: QueryVector | None = None
     timings: dict[str, float] = {}

@@ -328,7 +328,7 @@ def test_downgrade_below_documents_removes_every_generated_object(empty_db_url: 
             "quantity::text as text from shop.order_items', "
             "'{\"shop.order_items\": \"select order_item_id from changed\"}', 'order_detail')"
         )  # a third level: children must be dropped before their parents
-    migrate.downgrade(empty_db_url, "0001")
+    migrate.downgrade(empty_db_url, "0001", drop_data=True)
     assert pgrag_schema() == reference
     triggers = scalar(empty_db_url, "select count(*) from pg_trigger where tgname like 'pgrag_%'")
     assert triggers == 0

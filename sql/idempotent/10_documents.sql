@@ -254,25 +254,29 @@ as $fn$
 -- error in its view may quote a row's value, and errors end up in logs.
 begin
     perform pgrag.refresh(doc_type, keys);
-exception when others then
-    raise exception using
-        errcode = 'PR004',
-        message = format('pgrag could not rebuild %s document(s) %s after %s on %s: %s',
-                         doc_type,
-                         coalesce(array_to_string(keys[1:5], ', ')
-                                  || case when cardinality(keys) > 5
-                                          then format(' (and %s more)', cardinality(keys) - 5)
-                                          else '' end,
-                                  '(all)'),
-                         op, source_table,
-                         case when coalesce((select to_jsonb(d)->'sensitive' from pgrag.doc_types d
-                                              where d.name = doc_type), '{}') <> '{}'
-                              then format('error %s (message withheld: %s has sensitive columns;'
-                                          ' run pgrag.refresh(%L) to see it)',
-                                          sqlstate, doc_type, doc_type)
-                              else sqlerrm end),
-        hint = format('fix the document view %s or the data; the statement was rolled back',
-                      (select d.source::text from pgrag.doc_types d where d.name = doc_type));
+exception
+    when deadlock_detected or serialization_failure or lock_not_available or query_canceled then
+        raise;  -- contention or a timeout, not the document: keep the SQLSTATE a caller retries on
+    when others then
+        raise exception using
+            errcode = 'PR004',
+            message = format('pgrag could not rebuild %s document(s) %s after %s on %s: %s',
+                             doc_type,
+                             coalesce(array_to_string(keys[1:5], ', ')
+                                      || case when cardinality(keys) > 5
+                                              then format(' (and %s more)', cardinality(keys) - 5)
+                                              else '' end,
+                                      '(all)'),
+                             op, source_table,
+                             case when coalesce((select to_jsonb(d)->'sensitive'
+                                                 from pgrag.doc_types d
+                                                 where d.name = doc_type), '{}') <> '{}'
+                                  then format('error %s (message withheld: %s has sensitive'
+                                              ' columns; run pgrag.refresh(%L) to see it)',
+                                              sqlstate, doc_type, doc_type)
+                                  else sqlerrm end),
+            hint = format('fix the document view %s or the data; the statement was rolled back',
+                          (select d.source::text from pgrag.doc_types d where d.name = doc_type));
 end
 $fn$;
 
@@ -285,6 +289,24 @@ set search_path = pg_catalog, pg_temp
 return (select format('sync_%s_%s', doc_type, left(md5(n.nspname || '.' || c.relname), 10))
           from pg_class c join pg_namespace n on n.oid = c.relnamespace
          where c.oid = source_table);
+
+
+create or replace function pgrag.check_one_statement(query text)
+returns void
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+-- Parse and plan `query` as exactly one statement, running nothing: a cursor refuses a string
+-- of several statements ("cannot open multi-query plan as cursor"), where EXECUTE would run
+-- them all. Declarations pass their SQL through here first, so a source or key query cannot
+-- close its parenthesis and append statements of its own (`select 1) as q(k); drop ...`).
+declare
+    c refcursor;
+begin
+    open c no scroll for execute query;
+    close c;
+end
+$fn$;
 
 
 create or replace function pgrag.create_sync_function(doc_type text, source_table regclass)
@@ -304,6 +326,19 @@ begin
       from pgrag.doc_watches w
      where w.doc_type = create_sync_function.doc_type
        and w.source_table = create_sync_function.source_table;
+    -- one SELECT, also for key queries stored before declarations checked this
+    begin
+        perform pgrag.check_one_statement(format(
+            E'with changed as (select * from %s limit 0) select q.k from (%s\n) as q(k)',
+            source_table, kq));
+    exception when others then
+        raise exception using errcode = 'PR003',
+            message = format('the key query of %s for %s is not one SELECT: %s',
+                             doc_type, source_table, sqlerrm),
+            hint = 'declare the type again with a key query that is one SELECT, or drop it';
+    end;
+    -- The body goes in as a quoted literal (%L), never between dollar quotes: a key query that
+    -- contains `$body$` cannot end the body early and add code of its own.
     execute format($f$
         create or replace function pgrag.%1$I()
         returns trigger
@@ -312,7 +347,10 @@ begin
         set datestyle = 'ISO, YMD'
         set intervalstyle = 'postgres'
         set timezone = 'UTC'
-        as $body$
+        as %2$L
+        $f$,
+        pgrag.sync_function_name(doc_type, source_table),
+        format($body$
         declare
             keys text[];
             done text[] := '{}';
@@ -321,7 +359,7 @@ begin
                 return null;
             end if;
             if tg_op = 'TRUNCATE' then
-                perform pgrag.run_sync(%3$L, null, tg_op, tg_relid::regclass);
+                perform pgrag.run_sync(%2$L, null, tg_op, tg_relid::regclass);
                 return null;
             end if;
             -- The key query reads other tables (an item's order's customer...) as of this
@@ -330,24 +368,22 @@ begin
             -- may have moved rows to documents we did not know of. Repeat until none is new.
             loop
                 if tg_op = 'INSERT' then
-                    with changed as (select * from pgrag_new) %2$s;
+                    with changed as (select * from pgrag_new) %1$s;
                 elsif tg_op = 'UPDATE' then
-                    with changed as (select * from pgrag_new union all select * from pgrag_old) %2$s;
+                    with changed as (select * from pgrag_new union all select * from pgrag_old) %1$s;
                 else
-                    with changed as (select * from pgrag_old) %2$s;
+                    with changed as (select * from pgrag_old) %1$s;
                 end if;
                 keys := array(select k from unnest(keys) as u(k) except select unnest(done));
                 exit when cardinality(keys) = 0;
-                perform pgrag.run_sync(%3$L, keys, tg_op, tg_relid::regclass);
+                perform pgrag.run_sync(%2$L, keys, tg_op, tg_relid::regclass);
                 done := done || keys;
             end loop;
             return null;
         end
-        $body$
-        $f$,
-        pgrag.sync_function_name(doc_type, source_table),
+        $body$,
         format(keys_sql, kq),
-        doc_type);
+        doc_type));
 end
 $fn$;
 
@@ -574,6 +610,7 @@ begin
     -- the source: a relation, or a query pgrag turns into a view
     if source ~* '^\s*(select|with|values|table)\s' then
         begin
+            perform pgrag.check_one_statement(format(E'select * from (%s\n) as s', source));
             execute format('create view pgrag.%I as %s', view_name, source);
         exception when others then
             raise exception using errcode = 'PR003',
@@ -679,9 +716,9 @@ begin
                 hint = 'e.g. "select customer_id from changed"';
         end if;
         begin
-            execute format(
+            perform pgrag.check_one_statement(format(
                 E'with changed as (select * from %s limit 0) select array_agg(q.k::text) from (%s\n) as q(k)',
-                tbl, w.kq #>> '{}');
+                tbl, w.kq #>> '{}'));
         exception when others then
             raise exception using errcode = 'PR003',
                 message = format('the key query of %s for %s does not compile: %s',

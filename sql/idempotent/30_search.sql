@@ -56,10 +56,11 @@ begin
     -- Compile and run it once over no rows: a query that does not parse, names a missing
     -- table, or does not return one jsonb column fails here, not in a user's search.
     begin
-        execute format(
-            'with hits as (select c.id, c.doc_type, c.source_key, c.parent_id, c.parent_key, '
+        -- (one statement: a `;` after a closing parenthesis cannot add statements of its own)
+        perform pgrag.check_one_statement(format(
+            E'with hits as (select c.id, c.doc_type, c.source_key, c.parent_id, c.parent_key, '
             'c.metadata, c.text from pgrag.chunks c where false) '
-            'select s.stats::jsonb from (%s) as s(stats)', stats_sql);
+            'select s.stats::jsonb from (%s\n) as s(stats)', stats_sql));
     exception when others then
         raise exception using
             errcode = 'PR003',
