@@ -35,6 +35,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 @dataclass(frozen=True)
 class TestServer:
+    __test__ = False  # not a test class, though its name starts with Test
+
     admin_url: str  # a URL to a database we may CREATE DATABASE from
     origin: str
 
