@@ -191,11 +191,11 @@ fts_rows as (
     from pgrag.chunks c
     where c.tsv @@ (select q from tq) and {where}
     limit %(fts_limit)s),
+fts_scored as (
+    select r.id, ts_rank_cd(r.tsv, (select q from tq)) as score from fts_rows r),
 fts as (
-    select r.id, ts_rank_cd(r.tsv, (select q from tq)) as score,
-           row_number() over (order by ts_rank_cd(r.tsv, (select q from tq)) desc,
-                              r.id)::integer as rank
-    from fts_rows r
+    select r.id, r.score, row_number() over (order by r.score desc, r.id)::integer as rank
+    from fts_scored r
     order by rank
     limit %(kc)s),"""
     ).format(where=where)
