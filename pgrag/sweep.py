@@ -43,6 +43,11 @@ _FILTERED: LiteralString = (
 _INDEX_OPTIONS: LiteralString = (
     "select reloptions from pg_class where oid = 'pgrag.chunks_embedding_hnsw'::regclass"
 )
+# `+ 0` keeps the planner off the HNSW index whatever the settings: the exact answer.
+_EXACT: LiteralString = (
+    "select id from pgrag.chunks where metadata @> %(f)s::jsonb "
+    "order by (embedding <=> %(v)s::real[]::vector) + 0 limit %(k)s"
+)
 _SETTINGS: LiteralString = (
     "select set_config('hnsw.ef_search', %(ef)s, true), "
     "set_config('hnsw.iterative_scan', %(it)s, true)"
@@ -111,8 +116,18 @@ def _row(
     )
 
 
-def _ids(conn: psycopg.Connection[Any], v: Any, flt: dict[str, Any], k: int) -> list[int]:
-    rows = conn.execute(_FILTERED, {"f": json.dumps(flt), "v": v.tolist(), "k": k}).fetchall()
+def _ids(
+    conn: psycopg.Connection[Any],
+    v: Any,
+    flt: dict[str, Any],
+    k: int,
+    stmt: LiteralString = _FILTERED,
+) -> list[int]:
+    # never prepared: a generic plan cached while one setting held would outlive it (settings
+    # do not invalidate cached plans), and an application's ad-hoc query is planned each time
+    rows = conn.execute(
+        stmt, {"f": json.dumps(flt), "v": v.tolist(), "k": k}, prepare=False
+    ).fetchall()
     return [int(r[0]) for r in rows]
 
 
@@ -127,7 +142,7 @@ def exact(conn: psycopg.Connection[Any], v: Any, flt: dict[str, Any], k: int) ->
     _top_level(conn)
     with conn.transaction():
         conn.execute("set local enable_indexscan = off")
-        return _ids(conn, v, flt, k)
+        return _ids(conn, v, flt, k, _EXACT)
 
 
 def bare(

@@ -41,9 +41,10 @@ _CHUNKS: LiteralString = (
     "select id, embedding::real[] from pgrag.chunks where embedding is not null "
     "order by md5(id::text || %(seed)s::text) limit %(n)s"
 )
+# `+ 0` keeps the planner off the HNSW index whatever the settings: the exact answer.
 _EXACT: LiteralString = (
     "select id from pgrag.chunks where embedding is not null "
-    "order by embedding <=> %(v)s::real[]::vector limit %(n)s"
+    "order by (embedding <=> %(v)s::real[]::vector) + 0 limit %(n)s"
 )
 _INDEX: LiteralString = (
     "select id from (select id, embedding <=> %(v)s::real[]::vector as d from pgrag.chunks "
@@ -103,7 +104,9 @@ def _query_vectors(
 
 
 def _ids(conn: psycopg.Connection[Any], stmt: LiteralString, v: Any, n: int) -> list[int]:
-    return [int(r[0]) for r in conn.execute(stmt, {"v": v.tolist(), "n": n}).fetchall()]
+    # never prepared: a cached generic plan would outlive the settings it was planned under
+    rows = conn.execute(stmt, {"v": v.tolist(), "n": n}, prepare=False).fetchall()
+    return [int(r[0]) for r in rows]
 
 
 def _exact(conn: psycopg.Connection[Any], v: Any, n: int) -> list[int]:
