@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -83,6 +84,7 @@ class SizeReport:
     embedder: str = ""
     load_seconds: float | None = None
     index: str = ""  # the HNSW build parameters
+    load_average: tuple[float, float] = (0.0, 0.0)  # 1-minute load average, before and after
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -169,6 +171,7 @@ def sweep_size(
     from pgrag.search import search
 
     qvecs, _ = synthetic.queries(queries)
+    load_before = os.getloadavg()[0]
     results: list[Row] = []
     with psycopg.connect(url) as conn:
         register_vector(conn)
@@ -225,6 +228,7 @@ def sweep_size(
         stages=breakdown,
         embedder=name,
         index=index,
+        load_average=(round(load_before, 1), round(os.getloadavg()[0], 1)),
     )
 
 
@@ -317,7 +321,9 @@ def markdown(reports: Sequence[SizeReport], command: str, stem: str = "search-sw
         out += [
             f"## {rep.rows:,} chunks, {rep.queries} queries, k = {rep.k}",
             "",
-            f"HNSW index: {rep.index}."
+            f"HNSW index: {rep.index}. Machine load average (1 min) "
+            f"{rep.load_average[0]:g} before, {rep.load_average[1]:g} after "
+            f"({os.cpu_count()} CPUs): latencies are this machine's under that load."
             + (f" Load and index build: {rep.load_seconds:.0f} s." if rep.load_seconds else ""),
             "",
             f"![recall and p95 latency at {rep.rows:,} chunks](img/{stem}-{rep.rows}.png)",
