@@ -92,8 +92,34 @@ begin
              where exists (select 1 from pgrag.doc_types d where d.name = q.doc_type)
              group by q.doc_type) g;
 
-    while todo <> '{}' loop
-        -- 1. all locks first, in the one global order: type, then bucket
+    loop
+        -- 1. the key queries again over the queued rows, on a fresh snapshot: what they add
+        --    now is locked with the rest, in order; what they add after the renders below is
+        --    a concurrent commit's move that happened meanwhile
+        foreach item in array queued loop
+            continue when item.changed is null
+                       or jsonb_typeof(done -> item.doc_type) = 'null'
+                       or jsonb_typeof(todo -> item.doc_type) = 'null'
+                       or to_regprocedure(format('pgrag.%I(text)', regexp_replace(
+                              pgrag.sync_function_name(item.doc_type, item.source_table),
+                              '^sync_', 'keys_'))) is null;
+            execute format('select pgrag.%I($1)', regexp_replace(
+                               pgrag.sync_function_name(item.doc_type, item.source_table),
+                               '^sync_', 'keys_'))
+               into found_keys using item.changed;
+            found_keys := array(select k from unnest(found_keys) as u(k)
+                                except select jsonb_array_elements_text(
+                                           coalesce(done -> item.doc_type, '[]'))
+                                except select jsonb_array_elements_text(
+                                           coalesce(todo -> item.doc_type, '[]')));
+            if cardinality(found_keys) > 0 then
+                todo := jsonb_set(todo, array[item.doc_type],
+                                  coalesce(todo -> item.doc_type, '[]') || to_jsonb(found_keys));
+            end if;
+        end loop;
+        exit when todo = '{}';
+
+        -- 2. all locks first, in the one global order: type, then bucket
         for t in select e.key as doc_type, e.value from jsonb_each(todo) e order by e.key loop
             perform pgrag.lock_documents(
                 t.doc_type,
@@ -101,7 +127,7 @@ begin
                      else array(select jsonb_array_elements_text(t.value)) end);
         end loop;
 
-        -- 2. render, parents before children (a child's parent_id resolves to its parent's
+        -- 3. render, parents before children (a child's parent_id resolves to its parent's
         --    new chunk); the error names the first statement that queued the type
         for t in with recursive chain(name, depth) as (
                      select d.name, 0 from pgrag.doc_types d where d.parent_type is null
@@ -124,29 +150,7 @@ begin
                                    then 'null'::jsonb
                                    else coalesce(done -> t.doc_type, '[]') || t.value end);
         end loop;
-
-        -- 3. the key queries again over the queued rows, on a fresh snapshot
         todo := '{}';
-        foreach item in array queued loop
-            continue when item.changed is null
-                       or not done ? item.doc_type
-                       or jsonb_typeof(done -> item.doc_type) = 'null'
-                       or to_regprocedure(format('pgrag.%I(text)', regexp_replace(
-                              pgrag.sync_function_name(item.doc_type, item.source_table),
-                              '^sync_', 'keys_'))) is null;
-            execute format('select pgrag.%I($1)', regexp_replace(
-                               pgrag.sync_function_name(item.doc_type, item.source_table),
-                               '^sync_', 'keys_'))
-               into found_keys using item.changed;
-            found_keys := array(select k from unnest(found_keys) as u(k)
-                                except select jsonb_array_elements_text(done -> item.doc_type)
-                                except select jsonb_array_elements_text(
-                                           coalesce(todo -> item.doc_type, '[]')));
-            if cardinality(found_keys) > 0 then
-                todo := jsonb_set(todo, array[item.doc_type],
-                                  coalesce(todo -> item.doc_type, '[]') || to_jsonb(found_keys));
-            end if;
-        end loop;
     end loop;
     return n;
 end
