@@ -1,7 +1,7 @@
 """Reliability runs, longer than the test suite's: fuzzing, a writers soak, SIGKILL rounds.
 
     python -m bench.reliability [fuzz|soak|kills|all] [--cases 5000] [--seconds 120]
-        [--writers 8] [--workers 2] [--rounds 30] [--seed 1]
+        [--writers 8] [--workers 2] [--rounds 30] [--seed 1] [--sync commit --sync immediate]
 
 Run from the repository root (it reuses the strategies and helpers of tests/). Each part runs
 on its own embedded PostgreSQL in a temporary directory and prints markdown; the figures are in
@@ -12,7 +12,9 @@ docs/reliability.md.
   searched and asked, declarations, CLI invocations), with the canary and DDL guards checked.
 - soak: ``--writers`` writer threads on shop.customers/orders/order_items and ``--workers``
   worker threads for ``--seconds``, once with one statement per transaction and once with up
-  to three; then verify and a vector check of every chunk.
+  to three; then verify and a vector check of every chunk. ``--sync immediate`` (repeatable
+  with ``--sync commit``) runs the writers with ``set pgrag.sync = immediate``, per-statement
+  rendering as before revision 0007, for the before/after deadlock figures.
 - kills: ``--rounds`` rounds, each SIGKILLing a random one of worker, client, server.
 """
 
@@ -147,21 +149,28 @@ def fuzz(admin_url: str, cases: int) -> None:
           f"{'none' if after == before else 'FOUND'}")  # fmt: skip
 
 
-def soak(admin_url: str, seconds: float, writers: int, workers: int, seed: int) -> None:
-    print("| statements per transaction | writers | workers | seconds | transactions | "
-          "deadlocks (40P01) | other errors | chunks | verify mismatches | wrong or missing "
-          "vectors |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for max_statements in (1, 3):
-        url = _fresh_db(admin_url, f"pgrag_bench_soak_{max_statements}")
-        prepare_shop(url)
-        r = run_soak(url, writers=writers, workers=workers, seconds=seconds, seed=seed,
-                     max_statements=max_statements)  # fmt: skip
-        print(
-            f"| 1 to {max_statements} | {writers} | {workers} | {r.seconds:.0f} | "
-            f"{r.transactions:,} | {r.deadlocks:,} | {len(r.other_errors)} | {r.chunks:,} | "
-            f"{len(r.mismatches)} | {r.wrong_vectors + r.missing_vectors} |"
-        )
+def soak(admin_url: str, seconds: float, writers: int, workers: int, seed: int,
+         syncs: tuple[str, ...] = ("commit",)) -> None:  # fmt: skip
+    print("| pgrag.sync | statements per transaction | writers | workers | seconds | "
+          "transactions | deadlocks (40P01) | of which through a document lock | other errors | "
+          "chunks | verify mismatches | wrong or missing vectors |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for sync in syncs:
+        for max_statements in (1, 3):
+            url = _fresh_db(admin_url, f"pgrag_bench_soak_{sync}_{max_statements}")
+            prepare_shop(url)
+            r = run_soak(url, writers=writers, workers=workers, seconds=seconds, seed=seed,
+                         max_statements=max_statements, sync=sync)  # fmt: skip
+            _soak_row(sync, max_statements, writers, workers, r)
+
+
+def _soak_row(sync: str, max_statements: int, writers: int, workers: int, r: Any) -> None:
+    print(
+        f"| {sync} | 1 to {max_statements} | {writers} | {workers} | {r.seconds:.0f} | "
+        f"{r.transactions:,} | {r.deadlocks:,} | {r.document_lock_deadlocks:,} | "
+        f"{len(r.other_errors)} | {r.chunks:,} | "
+        f"{len(r.mismatches)} | {r.wrong_vectors + r.missing_vectors} |"
+    )
 
 
 def kills(server: EmbeddedServer, admin_url: str, rounds: int, seed: int) -> None:
@@ -195,6 +204,12 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--sync",
+        action="append",
+        choices=["commit", "immediate"],
+        help="pgrag.sync of the soak's writers (repeatable; default commit)",
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="pgrag-reliability-") as tmp:
         server = EmbeddedServer(Path(tmp) / "pg")
@@ -206,7 +221,8 @@ def main() -> None:
                 fuzz(admin, args.cases)
             if args.part in ("soak", "all"):
                 print("\n## Writers soak\n")
-                soak(admin, args.seconds, args.writers, args.workers, args.seed)
+                soak(admin, args.seconds, args.writers, args.workers, args.seed,
+                     tuple(args.sync or ["commit"]))  # fmt: skip
             if args.part in ("kills", "all"):
                 print("\n## SIGKILL rounds\n")
                 kills(server, psycopg.conninfo.make_conninfo(url, dbname="postgres"),

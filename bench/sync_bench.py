@@ -56,6 +56,12 @@ def main() -> None:
     ap.add_argument("--customers", type=int, default=100_000)
     ap.add_argument("--updates", type=int, default=300)
     ap.add_argument("--bulk", type=int, default=100_000)
+    ap.add_argument(
+        "--sync",
+        choices=["commit", "immediate"],
+        default="commit",
+        help="pgrag.sync: render at commit (the default) or per statement (before 0007)",
+    )
     args = ap.parse_args()
 
     admin = resolve_url(None)
@@ -69,6 +75,7 @@ def main() -> None:
         stats = load_sample(url, customers=args.customers, progress=False)
         load_s = time.perf_counter() - t0
         with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("select set_config('pgrag.sync', %s, false)", (args.sync,))
             declare_sample_documents(conn)
             rebuilt = documents.rebuild(conn)
             conn.execute("vacuum analyze")
@@ -159,6 +166,7 @@ def bulk_insert(conn: psycopg.Connection[Any], n: int) -> dict[str, float]:
         with conn.transaction(force_rollback=True):
             t = time.perf_counter()
             conn.execute(insert, (n,))
+            conn.execute("select pgrag.sync_now()")  # what the commit would render
             out[label] = time.perf_counter() - t
             if not enabled:  # what the triggers would have done, set-based, afterwards
                 t = time.perf_counter()

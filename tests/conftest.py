@@ -174,14 +174,25 @@ def shared_db_url(pg_server: TestServer, template_db: str) -> Iterator[str]:
     drop_database(pg_server, name)
 
 
+# What a session runs to render its queued documents after each statement, not at commit.
+SYNC_EVERY_STATEMENT = "set constraints pgrag.pgrag_sync_at_commit immediate"
+
+
 @pytest.fixture
 def conn(shared_db_url: str) -> Iterator[psycopg.Connection[Any]]:
-    """A connection to a migrated database, inside a transaction that is always rolled back."""
+    """A connection to a migrated database, inside a transaction that is always rolled back.
+
+    The transaction never commits, so the commit-time render (docs/documents.md, Sync) is made
+    to run at the end of every statement instead: the same code, the queue and the deferred
+    trigger, only earlier (``set constraints ... immediate``, as a user would to read their own
+    chunks). Tests that need the real commit use ``db_url``.
+    """
     from pgvector.psycopg import register_vector
 
     with psycopg.connect(shared_db_url) as c:
         register_vector(c)
         with c.transaction(force_rollback=True):
+            c.execute(SYNC_EVERY_STATEMENT)
             yield c
 
 

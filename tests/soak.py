@@ -51,11 +51,16 @@ class SoakResult:
     seconds: float = 0.0
     writers: int = 0
     max_statements: int = 1
+    sync: str = "commit"  # pgrag.sync of the writers: commit (the default) or immediate
     workers: int = 0
     transactions: int = 0
     statements: int = 0
     ops: Counter[str] = field(default_factory=Counter)
     deadlocks: int = 0
+    deadlock_details: list[str] = field(default_factory=list)  # PostgreSQL's DETAIL, CONTEXT
+    # of them, cycles through a document (advisory) lock: pgrag's; the rest are row-lock
+    # cycles between the writers' own statements, which exist without pgrag too
+    document_lock_deadlocks: int = 0
     other_errors: list[str] = field(default_factory=list)
     embedded: int = 0
     chunks: int = 0
@@ -173,6 +178,8 @@ class _Writer:
         ops = self.ops()
         with psycopg.connect(self.url) as conn:
             conn.execute("set lock_timeout = '30s'")  # a lost wakeup fails loudly, not hangs
+            if self.result.sync == "immediate":  # render per statement, as before revision 0007
+                conn.execute("set pgrag.sync = immediate")
             conn.commit()
             while not stop.is_set():
                 chosen = [
@@ -182,8 +189,13 @@ class _Writer:
                     with conn.transaction():
                         for op in chosen:
                             op(conn)
-                except psycopg.errors.DeadlockDetected:
+                except psycopg.errors.DeadlockDetected as exc:
                     self.result.deadlocks += 1
+                    if "advisory lock" in (exc.diag.message_detail or ""):
+                        self.result.document_lock_deadlocks += 1
+                    self.result.deadlock_details.append(
+                        f"{exc.diag.message_detail}\n{exc.diag.context}"[:3000]
+                    )
                     continue
                 except psycopg.Error as exc:
                     self.result.other_errors.append(
@@ -205,9 +217,14 @@ def run_soak(
     seconds: float,
     seed: int = 1,
     max_statements: int = 1,
+    sync: str = "commit",
 ) -> SoakResult:
-    """Writers and workers for ``seconds``; then drain and check (the shop must be loaded)."""
-    result = SoakResult(writers=writers, workers=workers, max_statements=max_statements)
+    """Writers and workers for ``seconds``; then drain and check (the shop must be loaded).
+
+    ``sync="immediate"`` makes the writers render per statement (``set pgrag.sync =
+    immediate``), as every writer did before revision 0007: the deadlocks that made commit-time
+    rendering the default."""
+    result = SoakResult(writers=writers, workers=workers, max_statements=max_statements, sync=sync)
     stop = threading.Event()
     embedder = HashEmbedder()
     written: list[int] = []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
 
 import psycopg
@@ -337,7 +338,10 @@ def test_failing_render_aborts_the_statement_naming_type_and_key(
 
 
 def test_concurrent_writers_of_one_document_lose_nothing(shop_committed: str) -> None:
-    """Two transactions change items of the same customer at once; the chunk ends up with both."""
+    """Two transactions change items of the same customer at once; the chunk ends up with both.
+
+    The second neither waits for the first nor blocks it: documents are rendered at commit
+    (each commit re-renders from a snapshot that sees the other's committed change)."""
     import threading
 
     first = psycopg.connect(shop_committed)
@@ -353,10 +357,9 @@ def test_concurrent_writers_of_one_document_lose_nothing(shop_committed: str) ->
 
         t = threading.Thread(target=other)
         t.start()
-        assert not done.wait(0.5)  # it waits for the first writer of customer 1's documents
-        first.commit()
+        assert done.wait(10)  # no document lock is held before commit: it does not wait
         t.join(10)
-        assert done.is_set()
+        first.commit()  # renders customer 1 again, now with the second's committed change
     finally:
         first.close()
         second.close()
@@ -453,3 +456,96 @@ def test_a_concurrent_move_reaches_the_document_it_moved_to(shop_committed: str)
         ).fetchone()
         assert p2 is not None and "Bluetooth Headphones x5" in p2[0]
         assert documents.verify(conn) == []
+
+
+def _waits_on_a_lock(watcher: psycopg.Connection[Any], pid: int) -> bool:
+    row = watcher.execute(
+        "select wait_event_type = 'Lock' from pg_stat_activity where pid = %s", (pid,)
+    ).fetchone()
+    return bool(row and row[0])
+
+
+@pytest.mark.parametrize("sync", ["immediate", "commit"])
+def test_a_document_lock_no_longer_deadlocks_with_a_later_row_lock(
+    shop_committed: str, sync: str
+) -> None:
+    """docs/reliability.md, Deadlocks: A updates an item of customer 1, B updates customer 1's
+    row, A then updates customer 1's row too. Rendering per statement (pgrag.sync = immediate),
+    A's first statement holds customer 1's document lock to commit, B's trigger waits for it
+    while holding the row A's second statement needs: a deadlock that exists only because of
+    pgrag, which is why rendering at commit became the default. At commit, the same
+    interleaving is ordinary row locking: A waits for B's commit, and both documents land."""
+    import threading
+
+    a = psycopg.connect(shop_committed, autocommit=False)
+    b = psycopg.connect(shop_committed, autocommit=False)
+    watcher = psycopg.connect(shop_committed, autocommit=True)
+    outcome: dict[str, BaseException] = {}
+    b_statement_done = threading.Event()
+    b_may_commit = threading.Event()
+    a_done = threading.Event()
+    try:
+        for c in (a, b):
+            c.execute("set deadlock_timeout = '100ms'")
+            c.execute("select set_config('pgrag.sync', %s, false)", (sync,))
+            c.commit()
+
+        def run_b() -> None:
+            try:
+                b.execute("update shop.customers set name = 'Jon Smith' where customer_id = 1")
+                b_statement_done.set()
+                b_may_commit.wait(20)
+                b.commit()
+            except psycopg.Error as exc:
+                outcome["b"] = exc
+                b.rollback()
+                b_statement_done.set()
+
+        def run_a_second() -> None:
+            try:
+                a.execute("update shop.customers set segment = 'VIP' where customer_id = 1")
+                a.commit()
+            except psycopg.Error as exc:
+                outcome["a"] = exc
+                a.rollback()
+            a_done.set()
+
+        a.execute("update shop.order_items set quantity = 3 where order_item_id = 102")
+        tb = threading.Thread(target=run_b)
+        tb.start()
+        deadline = time.monotonic() + 20
+        while not (b_statement_done.is_set() or _waits_on_a_lock(watcher, b.info.backend_pid)):
+            assert time.monotonic() < deadline, "B neither finished its statement nor waited"
+            time.sleep(0.02)
+        # immediate: B waits for customer 1's document lock; commit: B's update is done
+        assert b_statement_done.is_set() == (sync == "commit")
+        ta = threading.Thread(target=run_a_second)
+        ta.start()
+        while not (
+            a_done.is_set() or "b" in outcome or _waits_on_a_lock(watcher, a.info.backend_pid)
+        ):
+            assert time.monotonic() < deadline, "A's second statement neither ran nor waited"
+            time.sleep(0.02)
+        b_may_commit.set()
+        ta.join(20)
+        tb.join(20)
+        assert not ta.is_alive() and not tb.is_alive()
+    finally:
+        b_may_commit.set()
+        for c in (a, b, watcher):
+            c.close()
+
+    if sync == "immediate":
+        assert len(outcome) == 1, outcome  # one of the two is the deadlock's victim
+        (victim,) = outcome.values()
+        assert isinstance(victim, psycopg.errors.DeadlockDetected), victim
+    else:
+        assert outcome == {}
+        with psycopg.connect(shop_committed) as conn:
+            row = conn.execute(
+                "select text from pgrag.chunks "
+                "where doc_type = 'customer_profile' and source_key = '1'"
+            ).fetchone()
+            assert row is not None
+            assert "Jon Smith" in row[0] and "total spent $400.00" in row[0]
+            assert documents.verify(conn) == []

@@ -316,11 +316,17 @@ set search_path = pg_catalog, pg_temp
 as $fn$
 #variable_conflict use_variable
 -- (Re)create the trigger function of one watched table: the key query inlined as static SQL
--- over the statement's transition rows (`changed`), then pgrag.run_sync.
+-- over the statement's transition rows (`changed`), then, from revision 0007, the keys and the
+-- changed rows are queued for the commit-time render (sql/idempotent/50_sync_at_commit.sql);
+-- with `set pgrag.sync = immediate` (and before 0007) pgrag.run_sync renders them at once.
 -- `set pgrag.sync = off` in a session skips it (bulk loads); run pgrag.refresh(type) after.
+-- From 0007 also pgrag.keys_<type>_<hash>(changed rows): the key query over queued rows, which
+-- the commit-time render asks again on a fresh snapshot.
 declare
     kq text;
     keys_sql text := E'select array_agg(distinct q.k::text) into keys from (%s\n) as q(k) where q.k is not null';
+    at_commit boolean := to_regclass('pgrag.sync_queue') is not null;
+    queue_block text := '';
 begin
     select w.key_query into strict kq
       from pgrag.doc_watches w
@@ -337,6 +343,61 @@ begin
                              doc_type, source_table, sqlerrm),
             hint = 'declare the type again with a key query that is one SELECT, or drop it';
     end;
+    if at_commit then
+        -- Queue the keys with the statement's rows (as the table's row type, in text), and
+        -- this transaction's marker, whose deferred trigger renders the queue at commit.
+        queue_block := format($q$
+            if coalesce(current_setting('pgrag.sync', true), '') <> 'immediate' then
+                if tg_op = 'TRUNCATE' then
+                    insert into pgrag.sync_queue (doc_type, source_table, op)
+                    values (%1$L, tg_relid, tg_op);
+                    insert into pgrag.sync_pending default values on conflict do nothing;
+                    return null;
+                end if;
+                if tg_op = 'INSERT' then
+                    with changed as (select * from pgrag_new) %2$s;
+                    if cardinality(keys) > 0 then
+                        changed_rows := (select array_agg(r)::text from pgrag_new r);
+                    end if;
+                elsif tg_op = 'UPDATE' then
+                    with changed as (select * from pgrag_new union all select * from pgrag_old) %2$s;
+                    if cardinality(keys) > 0 then
+                        changed_rows := (select array_agg(r)::text
+                                   from (select * from pgrag_new union all select * from pgrag_old) r);
+                    end if;
+                else
+                    with changed as (select * from pgrag_old) %2$s;
+                    if cardinality(keys) > 0 then
+                        changed_rows := (select array_agg(r)::text from pgrag_old r);
+                    end if;
+                end if;
+                if cardinality(keys) > 0 then
+                    insert into pgrag.sync_queue (doc_type, source_table, op, keys, changed)
+                    values (%1$L, tg_relid, tg_op, keys, changed_rows);
+                    insert into pgrag.sync_pending default values on conflict do nothing;
+                end if;
+                return null;
+            end if;$q$, doc_type, format(keys_sql, kq));
+        execute format($f$
+            create or replace function pgrag.%1$I(changed_rows text)
+            returns text[]
+            language plpgsql volatile security invoker
+            set search_path = pg_catalog, pg_temp
+            set datestyle = 'ISO, YMD'
+            set intervalstyle = 'postgres'
+            set timezone = 'UTC'
+            as %2$L
+            $f$,
+            regexp_replace(pgrag.sync_function_name(doc_type, source_table), '^sync_', 'keys_'),
+            format($body$
+            declare
+                keys text[];
+            begin
+                with changed as (select * from unnest(changed_rows::%1$s[])) %2$s;
+                return keys;
+            end
+            $body$, source_table, format(keys_sql, kq)));
+    end if;
     -- The body goes in as a quoted literal (%L), never between dollar quotes: a key query that
     -- contains `$body$` cannot end the body early and add code of its own.
     execute format($f$
@@ -354,10 +415,11 @@ begin
         declare
             keys text[];
             done text[] := '{}';
+            changed_rows text;
         begin
             if current_setting('pgrag.sync', true) = 'off' then
                 return null;
-            end if;
+            end if;%3$s
             if tg_op = 'TRUNCATE' then
                 perform pgrag.run_sync(%2$L, null, tg_op, tg_relid::regclass);
                 return null;
@@ -383,7 +445,8 @@ begin
         end
         $body$,
         format(keys_sql, kq),
-        doc_type));
+        doc_type,
+        queue_block));
 end
 $fn$;
 
@@ -406,6 +469,9 @@ begin
     if pgrag.sync_function_name(doc_type, source_table) is not null then
         execute format('drop function if exists pgrag.%I()',
                        pgrag.sync_function_name(doc_type, source_table));
+        execute format('drop function if exists pgrag.%I(text)',  -- revision 0007's
+                       regexp_replace(pgrag.sync_function_name(doc_type, source_table),
+                                      '^sync_', 'keys_'));
     end if;
 end
 $fn$;
@@ -478,10 +544,10 @@ begin
     execute format('drop function if exists pgrag.%I(text[])', 'store_' || t.name);
     execute format('drop function if exists pgrag.%I(text[])', 'render_' || t.name);
     -- trigger functions of tables dropped meanwhile
-    for w in select p.proname from pg_proc p
+    for w in select p.oid::regprocedure as fn from pg_proc p
               where p.pronamespace = 'pgrag'::regnamespace
-                and p.proname ~ ('^sync_' || t.name || '_[0-9a-f]{10}$') loop
-        execute format('drop function if exists pgrag.%I()', w.proname);
+                and p.proname ~ ('^(sync|keys)_' || t.name || '_[0-9a-f]{10}$') loop
+        execute format('drop function if exists %s', w.fn);
     end loop;
     -- the parent's store function stops re-linking this type's chunks
     if t.parent_type is not null then
