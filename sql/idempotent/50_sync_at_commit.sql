@@ -119,12 +119,15 @@ begin
         end loop;
         exit when todo = '{}';
 
-        -- 2. all locks first, in the one global order: type, then bucket
-        for t in select e.key as doc_type, e.value from jsonb_each(todo) e order by e.key loop
-            perform pgrag.lock_documents(
-                t.doc_type,
-                case when jsonb_typeof(t.value) = 'null' then null
-                     else array(select jsonb_array_elements_text(t.value)) end);
+        -- 2. all locks first, in the one global order: one exclusive lock per document type,
+        --    every type this transaction queued, by name. A type's lock covers all of its
+        --    documents, so the keys step 1 finds on a later round (a concurrent commit moved
+        --    rows meanwhile) need no new lock: no lock is ever taken out of order, and two
+        --    committing transactions cannot wait on each other. The price: commit-time renders
+        --    of one type run one at a time (docs/reliability.md). Re-taking a held lock is
+        --    free; store_<type> then takes its bucket locks under it.
+        for t in select distinct q.doc_type from unnest(queued) q order by q.doc_type loop
+            perform pg_advisory_xact_lock(hashtext('pgrag document ' || t.doc_type)::bigint);
         end loop;
 
         -- 3. render, parents before children (a child's parent_id resolves to its parent's
