@@ -17,7 +17,6 @@ cold query cache. Prints markdown (docs/benchmarks.md, section Search).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -27,7 +26,7 @@ import numpy as np
 import psycopg
 from pgvector.psycopg import register_vector
 
-from pgrag.sweep import exact
+from pgrag.sweep import bare, exact
 from pgrag.synthetic import SCHEMA, SELECTIVITIES, declare_stats, load, queries
 
 
@@ -40,14 +39,8 @@ def exact_ids(
 def bare_ids(
     conn: psycopg.Connection[Any], vec: np.ndarray[Any, Any], flt: Any, k: int
 ) -> list[int]:
-    """Plain pgvector: filter + ORDER BY on the HNSW index, default settings."""
-    rows = conn.execute(
-        "select id from pgrag.chunks where metadata @> %s::jsonb "
-        "order by embedding <=> %s::real[]::vector limit %s",
-        (json.dumps(flt), vec.tolist(), k),
-    ).fetchall()
-    conn.rollback()
-    return [int(r[0]) for r in rows]
+    """Plain pgvector: filter + ORDER BY on the HNSW index, its default settings."""
+    return bare(conn, vec, flt, k, ef=40, iterative=False)[1]
 
 
 def p(values: Sequence[float], q: float) -> float:
@@ -76,6 +69,7 @@ def run(url: str, rows: int, nq: int, skip_load: bool, k: int = 10) -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     with connect(url) as client, client.connection() as conn:
         register_vector(conn)
+        conn.rollback()  # exact and bare set planner options in transactions of their own
         for label, flt in SELECTIVITIES.items():
             bare_n, bare_r, bare_t, our_n, our_r, our_t, scans = [], [], [], [], [], [], set()
             for i in range(nq):
