@@ -376,3 +376,26 @@ def test_a_migrator_without_createrole_gets_the_dba_statements(empty_db_url: str
         migrate.upgrade(as_owner, reader_role="pgrag_t_r_missing", writer_role="pgrag_t_w_missing")
     assert "create role pgrag_t_r_missing nologin" in str(err.value.__cause__ or err.value)
     assert migrate.current(empty_db_url) is None  # nothing changed
+
+
+def test_a_reader_role_that_would_see_every_tenant_is_refused(empty_db_url: str) -> None:
+    # roles are reused as they are: a reader with BYPASSRLS, or a member of the writer role,
+    # would see every tenant's chunks
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        conn.execute(
+            "do $$ begin if not exists (select from pg_roles where rolname = 'pgrag_t_bypass') "
+            "then create role pgrag_t_bypass nologin bypassrls; end if; end $$"
+        )
+    with pytest.raises(ConfigError, match="pgrag_t_bypass has BYPASSRLS") as err:
+        migrate.upgrade(empty_db_url, reader_role="pgrag_t_bypass", writer_role="pgrag_t_w1")
+    assert "nobypassrls" in str(err.value.__cause__ or err.value)
+    assert migrate.current(empty_db_url) is None  # nothing changed
+    migrate.upgrade(empty_db_url, reader_role="pgrag_t_r2", writer_role="pgrag_t_w2")
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        conn.execute("grant pgrag_t_w2 to pgrag_t_r2")
+    try:
+        with pytest.raises(PgragError, match="pgrag_t_r2 is a member of pgrag_t_w2"):
+            migrate.refresh_idempotent(empty_db_url)
+    finally:
+        with psycopg.connect(empty_db_url, autocommit=True) as conn:
+            conn.execute("revoke pgrag_t_w2 from pgrag_t_r2")
