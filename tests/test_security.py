@@ -751,3 +751,100 @@ def test_ask_searches_as_the_tenant(crm: Crm) -> None:
             assert r.retrieved and {crm.tenant_of[h.id] for h in r.retrieved} <= {t, None}
     assert ask  # the module-level function takes a connection: tenant_scope around it
 
+
+# ---- re-declaring: ownership after migrations, protections reaching stored chunks ----
+
+ITEMS_SQL = """
+create schema items;
+create table items.item (id integer primary key, parent integer, tenant text, secret text,
+                         body text not null);
+alter table items.item owner to pgrag_writer;  -- re-declaring drops triggers: the owner's right
+grant usage on schema items to pgrag_writer;
+insert into items.item values (1, null, 'acme', 's3cr3t', 'item one, code s3cr3t'),
+                              (2, 1, 'globex', 'hunter2', 'item two, code hunter2');
+"""
+ITEM_SOURCE = "select i.id as source_key, i.tenant, i.secret, i.body as text from items.item i"
+ITEM_WATCH = '{"items.item": "select id from changed"}'
+CHILD_SOURCE = (
+    "select i.id as source_key, i.parent as parent_key, i.tenant, i.body as text "
+    "from items.item i where i.parent is not null"
+)
+
+
+def test_the_writer_redeclares_and_drops_after_a_migration(db_url: str) -> None:
+    # A migration regenerates every type's functions; render_<type> was dropped and created
+    # again, so the migrating role took it over and the writer got "must be owner of function".
+    with psycopg.connect(db_url) as conn:
+        conn.execute(ITEMS_SQL)
+    with psycopg.connect(as_role(db_url, WRITER)) as conn:
+        conn.execute("select pgrag.declare_document('item', %s, %s)", (ITEM_SOURCE, ITEM_WATCH))
+        conn.execute("select pgrag.refresh('item')")
+    migrate.refresh_idempotent(db_url)
+    with psycopg.connect(db_url) as conn:
+        owners = conn.execute(
+            "select proname, proowner::regrole::text from pg_proc "
+            "where pronamespace = 'pgrag'::regnamespace and proname ~ '_item' order by 1"
+        ).fetchall()
+    assert owners and {o for _, o in owners} == {WRITER}, owners
+    with psycopg.connect(as_role(db_url, WRITER)) as conn:
+        conn.execute(
+            "select pgrag.declare_document('item', %s, %s, sensitive => '{\"secret\": \"omit\"}')",
+            (ITEM_SOURCE, ITEM_WATCH),
+        )
+        conn.execute("select pgrag.drop_document('item')")
+        assert conn.execute("select count(*) from pgrag.chunks").fetchone() == (0,)
+
+
+def test_redeclaring_with_a_tenant_or_sensitive_columns_rerenders_stored_chunks(
+    db_url: str,
+) -> None:
+    with psycopg.connect(db_url) as conn:
+        conn.execute(ITEMS_SQL)
+    with psycopg.connect(as_role(db_url, WRITER)) as conn:
+        conn.execute("select pgrag.declare_document('item', %s, %s)", (ITEM_SOURCE, ITEM_WATCH))
+        conn.execute("select pgrag.refresh('item')")
+        conn.commit()
+        conn.execute(
+            "select pgrag.declare_document('item', %s, %s, tenant_column => 'tenant', "
+            'sensitive => \'{"secret": "mask"}\')',
+            (ITEM_SOURCE, ITEM_WATCH),
+        )
+        rows = conn.execute(
+            "select source_key, tenant, text from pgrag.chunks order by 1"
+        ).fetchall()
+        conn.commit()
+    assert rows == [
+        ("1", "acme", "item one, code [masked secret]"),
+        ("2", "globex", "item two, code [masked secret]"),
+    ]
+    with psycopg.connect(as_role(db_url, READER)) as conn:
+        assert conn.execute("select count(*) from pgrag.chunks").fetchone() == (0,)
+
+
+def test_a_parent_may_not_become_tenant_scoped_over_an_untenanted_child(db_url: str) -> None:
+    with psycopg.connect(db_url) as conn:
+        conn.execute(ITEMS_SQL)
+    with psycopg.connect(as_role(db_url, WRITER)) as conn:
+        conn.execute("select pgrag.declare_document('item', %s, %s)", (ITEM_SOURCE, ITEM_WATCH))
+        conn.execute(
+            "select pgrag.declare_document('item_child', %s, %s, 'item')",
+            (CHILD_SOURCE, ITEM_WATCH),
+        )
+        with pytest.raises(psycopg.Error, match="child type.s. item_child have none") as err:
+            conn.execute(
+                "select pgrag.declare_document('item', %s, %s, tenant_column => 'tenant')",
+                (ITEM_SOURCE, ITEM_WATCH),
+            )
+        assert err.value.sqlstate == "PR003"
+        conn.rollback()
+        # the child first, then the parent
+        conn.execute("select pgrag.declare_document('item', %s, %s)", (ITEM_SOURCE, ITEM_WATCH))
+        conn.execute(
+            "select pgrag.declare_document('item_child', %s, %s, 'item', "
+            "tenant_column => 'tenant')",
+            (CHILD_SOURCE, ITEM_WATCH),
+        )
+        conn.execute(
+            "select pgrag.declare_document('item', %s, %s, tenant_column => 'tenant')",
+            (ITEM_SOURCE, ITEM_WATCH),
+        )
