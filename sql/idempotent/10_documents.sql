@@ -308,9 +308,10 @@ returns void
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $fn$
--- Parse and plan `query` as exactly one statement, running nothing: a cursor refuses a string
--- of several statements ("cannot open multi-query plan as cursor"), where EXECUTE would run
--- them all. Declarations pass their SQL through here first, so a source or key query cannot
+-- Parse and plan `query` as exactly one statement without executing it: a cursor refuses a
+-- string of several statements ("cannot open multi-query plan as cursor"), where EXECUTE would
+-- run them all. Planning is not nothing: it may evaluate immutable functions with constant
+-- arguments (constant folding), as the calling role. Declarations pass their SQL through here first, so a source or key query cannot
 -- close its parenthesis and append statements of its own (`select 1) as q(k); drop ...`).
 declare
     c refcursor;
@@ -319,6 +320,10 @@ begin
     close c;
 end
 $fn$;
+
+comment on function pgrag.check_one_statement(text) is
+    'Parse and plan a query as exactly one statement without executing it (planning may still '
+    'evaluate immutable functions)';
 
 
 create or replace function pgrag.create_sync_function(doc_type text, source_table regclass)
