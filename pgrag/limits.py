@@ -32,7 +32,24 @@ MAX_NAME_CHARS = 300
 # A source query or key query of a document declaration, or a statistics query.
 MAX_SQL_CHARS = 100_000
 
-_WORD = re.compile(r"\w+")
+# Words as PostgreSQL's text search parser makes terms of them, or a few more (the limit is
+# checked before any I/O, so the parser is approximated, on the safe side):
+#   * a run of letters, or of digits, is a term; `_` separates terms (\w+ counted `a_b_c` as
+#     one word where the parser makes three: 400 words joined by `_` passed as one);
+#   * `-`, `.`, `/`, `@`, `+` separate runs too, and a hyphenated word (`a-b-c`) is also a term
+#     of its own (`a-b-c`, `a`, `b`, `c`): counted once more;
+#   * two or more signs in a row (`..`, `/_`) can be a term without any letter (a file name).
+# A URL, an e-mail, a file name or a number makes fewer terms than this counts; a few rare
+# mixes of signs and non-ASCII letters make up to about half again as many.
+_WORD = re.compile(r"\d+|[^\W\d_]+")
+_HYPHENATED = re.compile(r"[^\W_]+(?:-[^\W_]+)+")
+_SIGNS = re.compile(r"(?:[^\w\s]|_){2,}")
+
+
+def count_words(text: str) -> int:
+    """About the number of terms PostgreSQL's text search parser makes of ``text``, at least
+    as many for words joined by spaces, `_`, `-`, `.`, `/`, `@`, `:` or `+`."""
+    return sum(len(pattern.findall(text)) for pattern in (_WORD, _HYPHENATED, _SIGNS))
 
 
 def check_text(
@@ -65,7 +82,7 @@ def check_text(
 def check_question(value: Any, what: str = "the question") -> str:
     """``check_text`` for a question, which must also have at most MAX_QUESTION_WORDS words."""
     text = check_text(value, what)
-    words = len(_WORD.findall(text))
+    words = count_words(text)
     if words > MAX_QUESTION_WORDS:
         raise ConfigError(
             f"{what} has {words:,} words: ask in {MAX_QUESTION_WORDS} words or fewer "

@@ -426,14 +426,22 @@ def revision_downgrade(downgrade_file: str, reapply_up_to: str | None = None) ->
 
 # Configuration, not data: always one row, recreated by the next upgrade.
 _NOT_DATA = {("pgrag", "settings")}
-_DROP_TABLE = re.compile(r"^\s*drop\s+table\s+(?:if\s+exists\s+)?(\w+)\.(\w+)", re.I | re.M)
+# `drop table [if exists] a.x[, b.y ...]`: every name in the list, schema-qualified (pgrag's
+# downgrade files always qualify; test_migrations checks each drop statement is read whole).
+_DROP_TABLE = re.compile(
+    r"^\s*drop\s+table\s+(?:if\s+exists\s+)?(\w+\.\w+(?:\s*,\s*\w+\.\w+)*)", re.I | re.M
+)
 _DROP_SCHEMA = re.compile(r"^\s*drop\s+schema\s+(?:if\s+exists\s+)?(\w+)", re.I | re.M)
 
 
 def tables_dropped_by(downgrade_file: str) -> list[tuple[str, str]]:
     """(schema, table) of every table a downgrade file drops, read from its SQL."""
     body = (sql_dir() / "downgrade" / downgrade_file).read_text(encoding="utf-8")
-    found = [(m.group(1), m.group(2)) for m in _DROP_TABLE.finditer(body)]
+    found = []
+    for m in _DROP_TABLE.finditer(body):
+        for name in m.group(1).split(","):
+            schema, _, table = name.strip().partition(".")
+            found.append((schema, table))
     schemas = [m.group(1) for m in _DROP_SCHEMA.finditer(body)]
     return found + [(schema, "*") for schema in schemas]
 
@@ -461,15 +469,24 @@ def refuse_data_loss(conn: psycopg.Connection[Any], downgrade_file: str) -> None
     for schema, name in tables:
         if (schema, name) in _NOT_DATA:
             continue
-        found = conn.execute(
-            sql.SQL("select count(*) from {}").format(sql.Identifier(schema, name))
-        ).fetchone()
+        try:
+            with conn.transaction():  # a savepoint: a refusal leaves the migration's open
+                found = conn.execute(
+                    sql.SQL("select exists (select from {})").format(sql.Identifier(schema, name))
+                ).fetchone()
+        except psycopg.errors.InsufficientPrivilege:
+            raise ConfigError(
+                f"downgrading past {downgrade_file.removesuffix('.sql')} drops {schema}.{name}, "
+                "which this role may not read to check it is empty: nothing was changed; "
+                "downgrade as the role that migrated the database (the owner of its tables)"
+            ) from None
         if found and found[0]:
-            holding.append(f"{schema}.{name} ({found[0]:,} rows)")
+            holding.append(f"{schema}.{name}")
     if holding:
         step = downgrade_file.removesuffix(".sql")
         raise ConfigError(
-            f"downgrading past {step} would drop {', '.join(holding)}: nothing was changed; "
+            f"downgrading past {step} would drop {', '.join(holding)}, which hold rows: "
+            "nothing was changed; "
             "export what you need, then downgrade again with --drop-data "
             "(plain alembic: -x drop_data=yes)"
         )

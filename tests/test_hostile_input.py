@@ -27,7 +27,7 @@ from pgrag.cli import cli
 from pgrag.embed.cache import QueryCache
 from pgrag.errors import ConfigError, DimensionMismatch, InvalidFilter, PgragError
 from pgrag.filters import MAX_DEPTH, compile_filter, parse_filter_json
-from pgrag.limits import MAX_QUESTION_CHARS, MAX_QUESTION_WORDS
+from pgrag.limits import MAX_QUESTION_CHARS, MAX_QUESTION_WORDS, check_question, count_words
 from pgrag.parse import SHOP_SCHEMAS, parse_question, union_schema
 from pgrag.search import forget_schemas, search
 
@@ -357,3 +357,52 @@ def test_a_search_vector_is_used_as_given(shop_conn: psycopg.Connection[Any]) ->
     assert v.shape == (384,) and np.isclose(np.linalg.norm(v), 1.0)
     search(shop_conn, "orders", vector=v, mode="vector")
     forget_schemas()
+
+
+def _letters(i: int) -> str:
+    """A word of letters only, different for each i (aa, ab, ...)."""
+    word = ""
+    for _ in range(3):
+        word = "abcdefghijklmnopqrstuvwxyz"[i % 26] + word
+        i //= 26
+    return "q" + word
+
+
+def _terms(conn: psycopg.Connection[Any], text: str) -> int:
+    """The terms PostgreSQL's parser makes of ``text`` (the lexemes of its tsquery)."""
+    row = conn.execute("select websearch_to_tsquery('simple', %s)::text", (text,)).fetchone()
+    return len(re.findall(r"'(?:[^']|'')*'", row[0] if row else ""))
+
+
+@pytest.mark.parametrize("sep", [" ", "_", "-", ".", "/", "@", ":", "+", "..", " .. ", "_-_"])
+def test_question_words_are_counted_as_postgres_splits_them(
+    shop_conn: psycopg.Connection[Any], sep: str
+) -> None:
+    # \w+ counted 400 words joined by `_` as one, and PostgreSQL made 400 terms of them
+    for n in (1, 2, 10, 99, 400):
+        text = sep.join(_letters(i) for i in range(n))
+        assert count_words(text) >= _terms(shop_conn, text), (sep, n)
+    with pytest.raises(ConfigError, match="words"):
+        check_question(sep.join(_letters(i) for i in range(400)))
+    with pytest.raises(ConfigError, match="words"):
+        search(shop_conn, sep.join(_letters(i) for i in range(400)), mode="text")
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(
+        st.sampled_from(["ab", "x1", "7", "é", "日本", "_", "-", ".", "/", "@", ":", "+", "..",
+                         " ", "'", "~", "http://", "e+5", "1.5"]),
+        max_size=60,
+    )
+)  # fmt: skip
+def test_question_word_count_is_close_to_postgres_terms(
+    shop_conn: psycopg.Connection[Any], parts: list[str]
+) -> None:
+    text = "".join(parts)
+    try:
+        terms = _terms(shop_conn, text)
+    except psycopg.Error:
+        shop_conn.rollback()
+        return
+    assert terms <= 1.5 * count_words(text) + 1, (text, terms, count_words(text))

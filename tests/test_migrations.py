@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -376,3 +377,59 @@ def test_a_migrator_without_createrole_gets_the_dba_statements(empty_db_url: str
         migrate.upgrade(as_owner, reader_role="pgrag_t_r_missing", writer_role="pgrag_t_w_missing")
     assert "create role pgrag_t_r_missing nologin" in str(err.value.__cause__ or err.value)
     assert migrate.current(empty_db_url) is None  # nothing changed
+
+
+def test_every_drop_table_of_the_downgrades_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # refuse_data_loss checks the tables tables_dropped_by finds: a drop it misses would lose
+    # rows unchecked. Every `drop table` statement, each name of a list included.
+    for path in sorted((migrate.sql_dir() / "downgrade").glob("*.sql")):
+        body = path.read_text(encoding="utf-8")
+        names = []
+        for stmt in re.findall(r"\bdrop\s+table\s+([^;]*);", body, re.I):
+            stmt = re.sub(
+                r"^if\s+exists\s+|\s+(cascade|restrict)\s*$", "", stmt.strip(), flags=re.I
+            )
+            names += [tuple(n.strip().split(".")) for n in stmt.split(",")]
+        for schema in re.findall(r"\bdrop\s+schema\s+(?:if\s+exists\s+)?(\w+)", body, re.I):
+            names.append((schema, "*"))
+        assert sorted(migrate.tables_dropped_by(path.name)) == sorted(names), path.name
+    (tmp_path / "downgrade").mkdir()
+    (tmp_path / "downgrade" / "x.sql").write_text(
+        "drop table a.x, b.y;\nDROP TABLE IF EXISTS c.z ,d.w;\ndrop schema e cascade;\n"
+    )
+    monkeypatch.setattr(migrate, "sql_dir", lambda: tmp_path)
+    assert migrate.tables_dropped_by("x.sql") == [
+        ("a", "x"), ("b", "y"), ("c", "z"), ("d", "w"), ("e", "*")
+    ]  # fmt: skip
+
+
+def test_a_downgrade_check_it_may_not_run_says_so(db_url: str) -> None:
+    # the caches are closed to the reader: checking they are empty is refused, clearly
+    url = db_url + ("&" if "?" in db_url else "?") + "options=-c%20role%3Dpgrag_reader"
+    with psycopg.connect(url) as conn, pytest.raises(ConfigError, match="may not read"):
+        migrate.refuse_data_loss(conn, "0003_embeddings.sql")
+
+
+def test_a_reader_role_that_would_see_every_tenant_is_refused(empty_db_url: str) -> None:
+    # roles are reused as they are: a reader with BYPASSRLS, or a member of the writer role,
+    # would see every tenant's chunks
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        conn.execute(
+            "do $$ begin if not exists (select from pg_roles where rolname = 'pgrag_t_bypass') "
+            "then create role pgrag_t_bypass nologin bypassrls; end if; end $$"
+        )
+    with pytest.raises(ConfigError, match="pgrag_t_bypass has BYPASSRLS") as err:
+        migrate.upgrade(empty_db_url, reader_role="pgrag_t_bypass", writer_role="pgrag_t_w1")
+    assert "nobypassrls" in str(err.value.__cause__ or err.value)
+    assert migrate.current(empty_db_url) is None  # nothing changed
+    migrate.upgrade(empty_db_url, reader_role="pgrag_t_r2", writer_role="pgrag_t_w2")
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        conn.execute("grant pgrag_t_w2 to pgrag_t_r2")
+    try:
+        with pytest.raises(PgragError, match="pgrag_t_r2 is a member of pgrag_t_w2"):
+            migrate.refresh_idempotent(empty_db_url)
+    finally:
+        with psycopg.connect(empty_db_url, autocommit=True) as conn:
+            conn.execute("revoke pgrag_t_w2 from pgrag_t_r2")

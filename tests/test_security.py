@@ -415,6 +415,83 @@ def test_a_bound_role_sees_its_tenant_whatever_it_sets(crm: Crm) -> None:
             assert row == ("acme",)
 
 
+LOGIN_PASSWORD = "pgrag-test-password"
+
+
+def _login_role(crm: Crm, role: str, *groups: str) -> str:
+    """A login role (cluster-wide: made once) that is a member of ``groups``; its URL."""
+    with psycopg.connect(crm.url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "do $$ begin if not exists (select from pg_roles where rolname = {}) then "
+                "create role {} login password {}; end if; end $$"
+            ).format(sql.Literal(role), sql.Identifier(role), sql.Literal(LOGIN_PASSWORD))
+        )
+        for group in groups:
+            conn.execute(
+                sql.SQL("grant {} to {}").format(sql.Identifier(group), sql.Identifier(role))
+            )
+    return psycopg.conninfo.make_conninfo(crm.url, user=role, password=LOGIN_PASSWORD)
+
+
+def _tenants_seen(conn: psycopg.Connection[Any]) -> set[str | None]:
+    return {r[0] for r in conn.execute("select distinct tenant from pgrag.chunks").fetchall()}
+
+
+def test_set_role_cannot_escape_the_login_roles_binding(crm: Crm) -> None:
+    # The binding is the login role's (session_user): SET ROLE to a group it is a member of,
+    # RESET ROLE and the setting pgrag.tenant change nothing; SET SESSION AUTHORIZATION is a
+    # superuser's. (The binding used to be looked up for SET ROLE's role: `set pgrag.tenant =
+    # 'globex'; set role pgrag_reader` showed globex's chunks to a role bound to acme.)
+    url = _login_role(crm, "pgrag_test_acme_login", READER)
+    with psycopg.connect(crm.url, autocommit=True) as conn:
+        bind_tenant_role(conn, "pgrag_test_acme_login", "acme")
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert _tenants_seen(conn) == {"acme", None}
+        conn.execute("set pgrag.tenant = 'globex'")
+        for step in (f"set role {READER}", "reset role", f"set role {READER}"):
+            conn.execute(step.encode())
+            assert _tenants_seen(conn) == {"acme", None}, step
+            assert conn.execute("select pgrag.current_tenant()").fetchone() == ("acme",)
+            every = conn.execute(
+                "select pgrag.doc_type_stats('crm_account', "
+                "array(select generate_series(1, 400))::bigint[])"
+            ).fetchone()
+            assert every is not None
+            _check_stats(crm, "acme", {}, ["crm_account"], {"crm_account": every[0]})
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute(f"set session authorization {READER}".encode())
+        conn.execute("set session authorization default")  # back to the login role: acme
+        assert _tenants_seen(conn) == {"acme", None}
+
+
+def test_a_login_role_under_two_bound_groups_sees_only_shared_chunks(crm: Crm) -> None:
+    # conflicting bindings fail closed: no tenant, whatever pgrag.tenant says
+    with psycopg.connect(crm.url, autocommit=True) as conn:
+        for group, tenant in (
+            ("pgrag_test_acme_group", "acme"),
+            ("pgrag_test_globex_group", "globex"),
+        ):
+            conn.execute(
+                sql.SQL(
+                    "do $$ begin if not exists (select from pg_roles where rolname = {}) then "
+                    "create role {} nologin; end if; end $$"
+                ).format(sql.Literal(group), sql.Identifier(group))
+            )
+            bind_tenant_role(conn, group, tenant)
+    url = _login_role(
+        crm, "pgrag_test_two_groups", READER, "pgrag_test_acme_group", "pgrag_test_globex_group"
+    )
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("set pgrag.tenant = 'acme'")
+        assert _tenants_seen(conn) == {None}
+        assert conn.execute("select pgrag.current_tenant()").fetchone() == (None,)
+    url = _login_role(crm, "pgrag_test_one_group", READER, "pgrag_test_globex_group")
+    with psycopg.connect(url, autocommit=True) as conn:  # through one group: its tenant
+        conn.execute("set pgrag.tenant = 'acme'")
+        assert _tenants_seen(conn) == {"globex", None}
+
+
 def test_without_a_tenant_a_reader_sees_only_shared_chunks(crm: Crm) -> None:
     with psycopg.connect(as_role(crm.url, READER)) as conn:
         rows = conn.execute("select doc_type, tenant from pgrag.chunks").fetchall()
@@ -455,6 +532,65 @@ def test_masked_and_omitted_values_never_reach_chunks(crm: Crm) -> None:
         assert row is not None and row[1] == "[masked email]"
         assert "phone ." in row[0]  # omitted: cut out, no placeholder
         assert conn.execute("select count(*) from pgrag.verify()").fetchone() == (0,)
+
+
+REDACT = "select pgrag.redact_text(%s, %s::jsonb, %s::jsonb)"
+
+
+@pytest.mark.parametrize(
+    ("text", "secrets", "modes", "want"),
+    [
+        # omitting a value used to join its neighbours into the value again
+        ("x secsecretret y", {"e": "secret"}, {"e": "omit"}, "x  y"),
+        ("abbccd", {"a": "abcd", "b": "bc"}, {"a": "mask", "b": "omit"}, "[masked a]"),
+        ("SecSECRETret", {"e": "secret"}, {"e": "omit"}, ""),
+        # a value inside its own marker: every value is omitted instead
+        ("the masked man", {"e": "masked"}, {"e": "mask"}, "the  man"),
+        ("x [masked e] y", {"e": "[masked e]"}, {"e": "mask"}, "x  y"),
+        # markers next to text that spell a value
+        ("d] [mas", {"e": "d] [m", "f": "mas"}, {"e": "mask", "f": "mask"}, "as"),
+        ("mail A@B.c, a@b.C", {"e": ["a@b.c", 5]}, {"e": "mask"}, "mail [masked e], [masked e]"),
+    ],
+)
+def test_redaction_leaves_no_value_behind(
+    crm: Crm, text: str, secrets: dict[str, Any], modes: dict[str, str], want: str
+) -> None:
+    with psycopg.connect(crm.url) as conn:
+        row = conn.execute(REDACT, (text, json.dumps(secrets), json.dumps(modes))).fetchone()
+    assert row == (want,)
+
+
+_REDACT_ALPHABET = "abcAB[]msked "
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    columns=st.dictionaries(
+        st.sampled_from(["a", "e", "sk", "ed"]),
+        st.tuples(
+            st.lists(st.text(_REDACT_ALPHABET, min_size=1, max_size=5), min_size=1, max_size=2),
+            st.sampled_from(["omit", "mask"]),
+        ),
+        min_size=1,
+        max_size=3,
+    ),
+    pieces=st.lists(
+        st.one_of(st.text(_REDACT_ALPHABET, max_size=4), st.integers(0, 9)), max_size=12
+    ),
+)
+def test_no_sensitive_value_survives_redaction(
+    crm: Crm, columns: dict[str, tuple[list[str], str]], pieces: list[str | int]
+) -> None:
+    # texts made of the values themselves (an integer piece: one of them), pieces of the
+    # markers and letters around them: no value may remain, ignoring case
+    values = [v for vals, _ in columns.values() for v in vals]
+    text = "".join(p if isinstance(p, str) else values[p % len(values)] for p in pieces)
+    secrets = {c: vals for c, (vals, _) in columns.items()}
+    modes = {c: mode for c, (_, mode) in columns.items()}
+    with psycopg.connect(crm.url) as conn:
+        row = conn.execute(REDACT, (text, json.dumps(secrets), json.dumps(modes))).fetchone()
+    assert row is not None
+    assert [v for v in values if v.lower() in row[0].lower()] == [], (text, row[0])
 
 
 def test_an_updated_sensitive_value_is_masked_too(crm: Crm) -> None:
@@ -621,3 +757,101 @@ def test_ask_searches_as_the_tenant(crm: Crm) -> None:
                            use_env_llm=False, tenant=t)  # fmt: skip
             assert r.retrieved and {crm.tenant_of[h.id] for h in r.retrieved} <= {t, None}
     assert ask  # the module-level function takes a connection: tenant_scope around it
+
+
+# ---- re-declaring: ownership after migrations, protections reaching stored chunks ----
+
+ITEMS_SQL = """
+create schema items;
+create table items.item (id integer primary key, parent integer, tenant text, secret text,
+                         body text not null);
+alter table items.item owner to pgrag_writer;  -- re-declaring drops triggers: the owner's right
+grant usage on schema items to pgrag_writer;
+insert into items.item values (1, null, 'acme', 's3cr3t', 'item one, code s3cr3t'),
+                              (2, 1, 'globex', 'hunter2', 'item two, code hunter2');
+"""
+ITEM_SOURCE = "select i.id as source_key, i.tenant, i.secret, i.body as text from items.item i"
+ITEM_WATCH = '{"items.item": "select id from changed"}'
+CHILD_SOURCE = (
+    "select i.id as source_key, i.parent as parent_key, i.tenant, i.body as text "
+    "from items.item i where i.parent is not null"
+)
+
+
+def test_the_writer_redeclares_and_drops_after_a_migration(db_url: str) -> None:
+    # A migration regenerates every type's functions; render_<type> was dropped and created
+    # again, so the migrating role took it over and the writer got "must be owner of function".
+    with psycopg.connect(db_url) as conn:
+        conn.execute(ITEMS_SQL)
+    with psycopg.connect(as_role(db_url, WRITER)) as conn:
+        conn.execute("select pgrag.declare_document('item', %s, %s)", (ITEM_SOURCE, ITEM_WATCH))
+        conn.execute("select pgrag.refresh('item')")
+    migrate.refresh_idempotent(db_url)
+    with psycopg.connect(db_url) as conn:
+        owners = conn.execute(
+            "select proname, proowner::regrole::text from pg_proc "
+            "where pronamespace = 'pgrag'::regnamespace and proname ~ '_item' order by 1"
+        ).fetchall()
+    assert owners and {o for _, o in owners} == {WRITER}, owners
+    with psycopg.connect(as_role(db_url, WRITER)) as conn:
+        conn.execute(
+            "select pgrag.declare_document('item', %s, %s, sensitive => '{\"secret\": \"omit\"}')",
+            (ITEM_SOURCE, ITEM_WATCH),
+        )
+        conn.execute("select pgrag.drop_document('item')")
+        assert conn.execute("select count(*) from pgrag.chunks").fetchone() == (0,)
+
+
+def test_redeclaring_with_a_tenant_or_sensitive_columns_rerenders_stored_chunks(
+    db_url: str,
+) -> None:
+    with psycopg.connect(db_url) as conn:
+        conn.execute(ITEMS_SQL)
+    with psycopg.connect(as_role(db_url, WRITER)) as conn:
+        conn.execute("select pgrag.declare_document('item', %s, %s)", (ITEM_SOURCE, ITEM_WATCH))
+        conn.execute("select pgrag.refresh('item')")
+        conn.commit()
+        conn.execute(
+            "select pgrag.declare_document('item', %s, %s, tenant_column => 'tenant', "
+            'sensitive => \'{"secret": "mask"}\')',
+            (ITEM_SOURCE, ITEM_WATCH),
+        )
+        rows = conn.execute(
+            "select source_key, tenant, text from pgrag.chunks order by 1"
+        ).fetchall()
+        conn.commit()
+    assert rows == [
+        ("1", "acme", "item one, code [masked secret]"),
+        ("2", "globex", "item two, code [masked secret]"),
+    ]
+    with psycopg.connect(as_role(db_url, READER)) as conn:
+        assert conn.execute("select count(*) from pgrag.chunks").fetchone() == (0,)
+
+
+def test_a_parent_may_not_become_tenant_scoped_over_an_untenanted_child(db_url: str) -> None:
+    with psycopg.connect(db_url) as conn:
+        conn.execute(ITEMS_SQL)
+    with psycopg.connect(as_role(db_url, WRITER)) as conn:
+        conn.execute("select pgrag.declare_document('item', %s, %s)", (ITEM_SOURCE, ITEM_WATCH))
+        conn.execute(
+            "select pgrag.declare_document('item_child', %s, %s, 'item')",
+            (CHILD_SOURCE, ITEM_WATCH),
+        )
+        with pytest.raises(psycopg.Error, match="child type.s. item_child have none") as err:
+            conn.execute(
+                "select pgrag.declare_document('item', %s, %s, tenant_column => 'tenant')",
+                (ITEM_SOURCE, ITEM_WATCH),
+            )
+        assert err.value.sqlstate == "PR003"
+        conn.rollback()
+        # the child first, then the parent
+        conn.execute("select pgrag.declare_document('item', %s, %s)", (ITEM_SOURCE, ITEM_WATCH))
+        conn.execute(
+            "select pgrag.declare_document('item_child', %s, %s, 'item', "
+            "tenant_column => 'tenant')",
+            (CHILD_SOURCE, ITEM_WATCH),
+        )
+        conn.execute(
+            "select pgrag.declare_document('item', %s, %s, tenant_column => 'tenant')",
+            (ITEM_SOURCE, ITEM_WATCH),
+        )

@@ -58,6 +58,7 @@ drop function pgrag.redact_text(text, jsonb, jsonb);
 drop function pgrag.bind_tenant_role(name, text);
 drop function pgrag.sees_all_tenants();
 drop function pgrag.current_tenant();
+drop function pgrag.tenant_identity();
 drop function pgrag.session_role();
 drop table pgrag.tenant_roles;
 drop index pgrag.chunks_tenant;

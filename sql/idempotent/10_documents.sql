@@ -65,6 +65,7 @@ declare
     body_expr text := 'd.text::text';
     tenant_expr text := 'null::text';
     render_fn text;
+    old_owner regrole;
     upsert text;
     -- From revision 0006 (sql/idempotent/40_security.sql, docs/security.md) a type may name a
     -- tenant column and sensitive columns, and chunks have a tenant column. Read through
@@ -95,12 +96,19 @@ begin
     end if;
     render_fn := format('pgrag.%I', 'render_' || t.name);
 
-    -- (dropped first: its result gained the tenant column in revision 0006)
-    if to_regprocedure(render_fn || '(text[])') is not null then
+    -- Replaced in place, which keeps its owner (the role that declared the type: a migration
+    -- regenerating it must not take it over, or that role could no longer re-declare or drop
+    -- the type). Dropped first only when its result differs (revision 0006 added the tenant
+    -- column), then given back to its owner.
+    old_owner := (select p.proowner::regrole from pg_proc p
+                   where p.oid = to_regprocedure(render_fn || '(text[])'));
+    if old_owner is not null
+       and pg_get_function_result(to_regprocedure(render_fn || '(text[])'))
+           is distinct from 'TABLE(key text, parent text, body text, meta jsonb, tenant text)' then
         execute format('drop function %s(text[])', render_fn);
     end if;
     execute format($f$
-        create function %s(keys text[])
+        create or replace function %s(keys text[])
         returns table (key text, parent text, body text, meta jsonb, tenant text)
         language plpgsql stable security invoker rows 10
         set search_path = pg_catalog, pg_temp
@@ -119,7 +127,11 @@ begin
         end
         $body$
         $f$,
-        render_fn, pk_expr, body_expr, md_expr, tenant_expr, t.source, t.key_type);
+        render_fn, pk_expr, body_expr, md_expr, tenant_expr, t.source,
+        t.key_type::regtype);  -- a type, never SQL text of its own (doc_types is writable)
+    if old_owner is not null and old_owner <> current_user::regrole then
+        execute format('alter function %s(text[]) owner to %s', render_fn, old_owner);
+    end if;
 
     -- The upsert, with separate statements for "these keys" and "all" so each has a good
     -- cached plan (an `or keys is null` would make the keyed one scan the whole type).
@@ -296,9 +308,10 @@ returns void
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $fn$
--- Parse and plan `query` as exactly one statement, running nothing: a cursor refuses a string
--- of several statements ("cannot open multi-query plan as cursor"), where EXECUTE would run
--- them all. Declarations pass their SQL through here first, so a source or key query cannot
+-- Parse and plan `query` as exactly one statement without executing it: a cursor refuses a
+-- string of several statements ("cannot open multi-query plan as cursor"), where EXECUTE would
+-- run them all. Planning is not nothing: it may evaluate immutable functions with constant
+-- arguments (constant folding), as the calling role. Declarations pass their SQL through here first, so a source or key query cannot
 -- close its parenthesis and append statements of its own (`select 1) as q(k); drop ...`).
 declare
     c refcursor;
@@ -307,6 +320,10 @@ begin
     close c;
 end
 $fn$;
+
+comment on function pgrag.check_one_statement(text) is
+    'Parse and plan a query as exactly one statement without executing it (planning may still '
+    'evaluate immutable functions)';
 
 
 create or replace function pgrag.create_sync_function(doc_type text, source_table regclass)
@@ -593,7 +610,8 @@ as $fn$
 --   sensitive        {"column": "omit" | "mask"}: source columns whose values are cut out of the
 --                    text and metadata (revision 0006, docs/security.md)
 -- Everything is checked before anything is created; the whole declaration is one transaction.
--- Chunks are not rendered here: call pgrag.refresh(name) (or `pgrag rebuild name`).
+-- Chunks are not rendered here: call pgrag.refresh(name) (or `pgrag rebuild name`); except when
+-- a re-declaration changes tenant_column or sensitive: its chunks are then re-rendered here.
 declare
     src regclass;
     owns boolean := false;
@@ -732,6 +750,16 @@ begin
                              declare_document.name, parent_type),
             hint = 'pass tenant_column => ... so its chunks are tenant-scoped like their parents';
     end if;
+    select string_agg(d.name, ', ' order by d.name) into bad
+      from pgrag.doc_types d
+     where tenant_column is not null and secured and d.parent_type = declare_document.name
+       and to_jsonb(d)->>'tenant_column' is null;
+    if bad is not null then
+        raise exception using errcode = 'PR003',
+            message = format('%s gets a tenant column, but its child type(s) %s have none',
+                             declare_document.name, bad),
+            hint = 're-declare the child types with tenant_column => ... first';
+    end if;
     if cols ? 'metadata' and cols->>'metadata' <> 'jsonb' then
         raise exception using errcode = 'PR003',
             message = format('the metadata column of %s is %s, not jsonb', declare_document.name, cols->>'metadata'),
@@ -795,6 +823,15 @@ begin
         values (declare_document.name, tbl, w.kq #>> '{}');
         perform pgrag.create_sync_triggers(declare_document.name, tbl);
     end loop;
+
+    -- A re-declaration that changes the tenant column or the sensitive columns re-renders the
+    -- type's chunks now, in this transaction: the stored ones carry the old tenant (NULL: every
+    -- reader's) and the old masking, and must not outlive the declaration that replaced them.
+    if secured and old.name is not null
+       and (to_jsonb(old)->>'tenant_column', to_jsonb(old)->'sensitive')
+           is distinct from (tenant_column, sensitive) then
+        perform pgrag.refresh(declare_document.name);
+    end if;
 end
 $fn$;
 

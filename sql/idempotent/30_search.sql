@@ -80,7 +80,8 @@ comment on function pgrag.declare_stats(text, text) is
     'Declare (or, with NULL, remove) the exact statistics of a document type: a SELECT over the '
     'CTE hits returning one jsonb';
 
--- From revision 0006, 40_security.sql replaces this with a security definer version.
+-- From revision 0006, 40_security.sql replaces this with an invoker version that hands a
+-- reader's call to the security definer pgrag.reader_doc_type_stats.
 create or replace function pgrag.doc_type_stats(doc_type text, chunk_ids bigint[])
 returns jsonb
 language plpgsql stable security invoker

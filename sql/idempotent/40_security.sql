@@ -17,9 +17,10 @@
 --   pgrag.query_cache_get(...)    reads one cached question vector by hash
 --
 -- Tenants: a chunk's tenant is NULL (its type has no tenant column: every reader sees it) or the
--- value of its type's tenant column. A session's tenant is its role's binding in
--- pgrag.tenant_roles if it has one, else the setting pgrag.tenant, else none: it then sees only
--- the shared (NULL) chunks.
+-- value of its type's tenant column. A session's tenant is the binding in pgrag.tenant_roles of
+-- its login role or of a role that one is a member of (SET ROLE cannot change it; conflicting
+-- bindings: none), else the setting pgrag.tenant, else none: it then sees only the shared
+-- (NULL) chunks.
 
 create or replace function pgrag.session_role()
 returns name
@@ -33,19 +34,55 @@ return case when current_setting('role') = 'none' then session_user
 comment on function pgrag.session_role() is
     'The role the session acts as (SET ROLE''s, else the login role), also inside definer functions';
 
+create or replace function pgrag.tenant_identity()
+returns name
+language sql stable parallel safe security invoker
+set search_path = pg_catalog, pg_temp
+-- The role whose tenant bindings apply: the login role (session_user), which SET ROLE cannot
+-- change, and SET SESSION AUTHORIZATION only for a superuser's session. For a superuser's
+-- session (which may become anyone anyway) the role it acts as, so that a superuser can act as
+-- a bound role with SET ROLE (tests, an administrator checking what a tenant sees).
+return case when not coalesce((select r.rolsuper from pg_roles r where r.rolname = session_user),
+                              false)
+            then session_user
+            else pgrag.session_role() end;
+
+comment on function pgrag.tenant_identity() is
+    'The role whose tenant bindings apply: the login role (SET ROLE cannot change it); '
+    'a superuser''s session: the role it acts as';
+
 create or replace function pgrag.current_tenant()
 returns text
 language sql stable security definer
 set search_path = pg_catalog, pg_temp
 -- security definer: it reads pgrag.tenant_roles, which no reader may read (it lists every
--- tenant and role). It takes no argument and returns only the calling session's own tenant:
--- its role's binding, which the session cannot change, else the setting pgrag.tenant.
-return coalesce((select b.tenant from pgrag.tenant_roles b
-                  where b.role_name = pgrag.session_role()),
-                nullif(current_setting('pgrag.tenant', true), ''));
+-- tenant and role). It takes no argument and returns only the calling session's own tenant.
+-- The bindings that apply are those of pgrag.tenant_identity() (the login role) and of every
+-- role it is a member of, directly or not, whatever the membership's INHERIT and SET options:
+--   none      the setting pgrag.tenant (NULL when unset or empty: only the shared chunks)
+--   one       that tenant, whatever the session sets or which role it SETs
+--   several   NULL: conflicting bindings see only the shared chunks (fail closed)
+-- (pg_auth_members walked by hand: pg_has_role says a superuser is a member of every role.)
+return (
+    with recursive member_of(oid) as (
+        select r.oid from pg_roles r where r.rolname = pgrag.tenant_identity()
+        union
+        select m.roleid from pg_auth_members m join member_of on m.member = member_of.oid
+    ),
+    bound as (
+        select distinct b.tenant
+          from pgrag.tenant_roles b
+          join pg_roles r on r.rolname = b.role_name
+          join member_of on member_of.oid = r.oid
+    )
+    select case (select count(*) from bound)
+               when 0 then nullif(current_setting('pgrag.tenant', true), '')
+               when 1 then (select bound.tenant from bound)
+           end);
 
 comment on function pgrag.current_tenant() is
-    'The session''s tenant: its role''s binding (pgrag.tenant_roles), else the setting pgrag.tenant';
+    'The session''s tenant: the binding (pgrag.tenant_roles) of its login role or a role it is '
+    'a member of, else the setting pgrag.tenant; NULL (shared chunks only) if bindings conflict';
 
 create or replace function pgrag.sees_all_tenants()
 returns boolean
@@ -103,24 +140,54 @@ set search_path = pg_catalog, pg_temp
 as $$
 -- secrets {"column": value}, modes {"column": "omit" | "mask"}: every string, number or boolean
 -- inside each column's value (a scalar, an array, an object) is cut out of t wherever it occurs,
--- ignoring case: removed (omit) or replaced by [masked <column>] (mask). Longest values first.
+-- ignoring case (PostgreSQL's case-insensitive regular expression matching): removed (omit) or
+-- replaced by [masked <column>] (mask). Longest values first.
+-- One pass is not enough: cutting a value out may join its neighbours into another occurrence
+-- ('secsecretret' without 'secret' is 'secret'), and a marker next to text may spell a value.
+-- So passes repeat until no value occurs. If that does not settle in a few passes (a value
+-- inside a marker, e.g. a masked value 'masked'), it starts again from t omitting every value,
+-- which ends: each pass that finds one shortens the text. What is returned holds no value.
 declare
-    r record;
+    vals text[];
+    repls text[];
+    i int;
+    pass int := 0;
+    before text;
+    original text := t;
+    omit_all boolean := false;
 begin
     if t is null then
         return null;
     end if;
-    for r in select v.val,
-                    case m.value #>> '{}' when 'omit' then ''
-                         else replace(format('[masked %s]', m.key), '\', '\\') end as repl
-               from jsonb_each(modes) m
-               cross join lateral (
-                   select x #>> '{}' as val
-                   from jsonb_path_query(coalesce(secrets -> m.key, 'null'), 'strict $.**') x
-                   where jsonb_typeof(x) in ('string', 'number', 'boolean')) v
-              where v.val <> ''
-              order by length(v.val) desc, v.val loop
-        t := regexp_replace(t, '***=' || r.val, r.repl, 'gi');  -- ***= : a literal, not a regex
+    select array_agg(v.val order by length(v.val) desc, v.val),
+           array_agg(case m.value #>> '{}' when 'omit' then ''
+                          else replace(format('[masked %s]', m.key), '\', '\\') end
+                     order by length(v.val) desc, v.val)
+      into vals, repls
+      from jsonb_each(modes) m
+      cross join lateral (
+          select x #>> '{}' as val
+          from jsonb_path_query(coalesce(secrets -> m.key, 'null'), 'strict $.**') x
+          where jsonb_typeof(x) in ('string', 'number', 'boolean')) v
+     where v.val <> '';
+    if vals is null then
+        return t;
+    end if;
+    -- ***= : the value is a literal, not a regular expression
+    while exists (select 1 from unnest(vals) v where t ~* ('***=' || v)) loop
+        pass := pass + 1;
+        if pass > 8 and not omit_all then  -- not settling: start again, omitting every value
+            omit_all := true;
+            t := original;
+        end if;
+        before := t;
+        for i in 1 .. cardinality(vals) loop
+            t := regexp_replace(t, '***=' || vals[i], case when omit_all then '' else repls[i] end,
+                                'gi');
+        end loop;
+        if t = before then
+            pass := 8;  -- a marker equal to a value: the next pass omits
+        end if;
     end loop;
     return t;
 end
@@ -262,6 +329,33 @@ declare
     p regprocedure;
 begin
     select * into strict s from pgrag.settings;
+
+    -- An existing role is reused as it is (roles are cluster-wide). A reader that bypasses
+    -- row-level security, or may become a role that does, would see every tenant: refuse.
+    select string_agg(why, '; ') into f from (
+        select format('%I is a superuser', r.rolname) as why
+          from pg_roles r where r.rolname = s.reader_role and r.rolsuper
+        union all
+        select format('%I has BYPASSRLS', r.rolname)
+          from pg_roles r where r.rolname = s.reader_role and r.rolbypassrls
+        union all
+        select format('%I is a member of %I', s.reader_role, o.rolname)
+          from pg_roles r, pg_roles o
+         where r.rolname = s.reader_role and not r.rolsuper
+           and o.rolname in (s.writer_role,
+                             (select c.relowner::regrole::name from pg_class c
+                               where c.oid = 'pgrag.chunks'::regclass))
+           and pg_has_role(r.oid, o.oid, 'MEMBER')) x;
+    if f is not null then
+        raise exception using errcode = 'PR006',
+            message = format('the reader role %I would see every tenant''s chunks: %s',
+                             s.reader_role, f),
+            hint = format('have a DBA run `alter role %1$I nosuperuser nobypassrls;` and '
+                          '`revoke %2$I, %3$I from %1$I;`, then migrate again',
+                          s.reader_role, s.writer_role,
+                          (select c.relowner::regrole::name from pg_class c
+                            where c.oid = 'pgrag.chunks'::regclass));
+    end if;
 
     -- Row-level security on pgrag.chunks (enabled by revision 0006). The owner and superusers
     -- bypass it; the subquery makes pgrag.current_tenant() run once per statement, not per row.
