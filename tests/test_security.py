@@ -802,6 +802,29 @@ def test_the_writer_redeclares_and_drops_after_a_migration(db_url: str) -> None:
         assert conn.execute("select count(*) from pgrag.chunks").fetchone() == (0,)
 
 
+def test_a_migration_does_not_plan_a_writers_key_query(db_url: str) -> None:
+    # Planning a query evaluates immutable functions with constant arguments: a key query
+    # checked again by a migration would run the writer's function as the migrating role.
+    with psycopg.connect(db_url) as conn:
+        conn.execute(ITEMS_SQL)
+    with psycopg.connect(as_role(db_url, WRITER)) as conn:
+        conn.execute(
+            "create function pgrag.who(x integer) returns integer language plpgsql immutable "
+            "as $$ begin if current_user <> 'pgrag_writer' then "
+            "raise exception 'ran as %', current_user; end if; return x; end $$"
+        )
+        watch = '{"items.item": "select id from changed where id >= pgrag.who(1)"}'
+        conn.execute("select pgrag.declare_document('item', %s, %s)", (ITEM_SOURCE, watch))
+    migrate.refresh_idempotent(db_url)  # as the superuser: before the fix, "ran as postgres"
+    with psycopg.connect(as_role(db_url, WRITER)) as conn:  # (key queries run as the writer)
+        conn.execute("update items.item set body = body || '!' where id = 1")
+        conn.commit()
+        text = conn.execute(
+            "select text from pgrag.chunks where doc_type = 'item' and source_key = '1'"
+        ).fetchone()
+    assert text is not None and text[0].endswith("!")
+
+
 def test_redeclaring_with_a_tenant_or_sensitive_columns_rerenders_stored_chunks(
     db_url: str,
 ) -> None:
