@@ -66,6 +66,7 @@ def test_one_order_line_change_rebuilds_exactly_its_order_and_customer(northwind
             "update public.order_details set quantity = quantity + 1 "
             "where order_id = 10248 and product_id = 11"
         )
+        conn.execute("select pgrag.sync_now()")  # render now, not at commit: read them here
         after = dict(conn.execute("select id, text from pgrag.chunks").fetchall())
         changed = conn.execute(
             "select doc_type, source_key from pgrag.chunks where id = any(%s) order by 1",
