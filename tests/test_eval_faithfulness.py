@@ -88,6 +88,14 @@ def test_leading_generic_words_and_connectors_are_trimmed() -> None:
     assert entities == ["Wireless Mouse", "Bluetooth Headphones of John Smith"]
 
 
+def test_units_stay_inside_product_names() -> None:
+    claims = extract_claims("A Portable SSD 1TB and Extra Virgin Olive Oil 1L, in 2024.")
+    entities = [c.text for c in claims if c.kind == "entity"]
+    assert entities == ["Portable SSD 1TB", "Extra Virgin Olive Oil 1L"]
+    context = ["Items: Portable SSD 1TB x1 at $109.99; Extra Virgin Olive Oil 1L x2 (2024)."]
+    assert check("A Portable SSD 1TB and Extra Virgin Olive Oil 1L, in 2024.", context).score == 1
+
+
 def test_extractive_answers_are_faithful_even_when_truncated() -> None:
     contexts = [Context(i, t) for i, t in enumerate(CONTEXTS * 3, start=1)]
     contexts.append(Context(99, "Order 12 total $1,234.56 " + "x" * 700))

@@ -86,7 +86,8 @@ _LEADING = {
     "i", "we", "you", "there", "here", "order", "orders", "customer", "customers", "product",
     "products", "total", "items", "item", "status", "answer", "note",
 }  # fmt: skip
-_WORD_RE = re.compile(r"[A-Za-z][\w'’-]*|&")
+_WORD_RE = re.compile(r"[A-Za-z0-9][\w'’-]*|&")
+_MIXED_RE = re.compile(r"^\d+[A-Za-z][\w'’-]*$")  # 1TB, 4K: inside a name, not a number
 _CAP_RE = re.compile(r"^[A-Z][\w'’-]*$")
 _ID_RE = re.compile(
     r"\b(?:[A-Z]{2,}[A-Z0-9-]*|[A-Za-z]+-?\d+[A-Za-z0-9-]*|(?!\d+(?:st|nd|rd|th)\b)\d+[A-Za-z]+[\w-]*)\b"
@@ -202,7 +203,7 @@ def _entities(text: str) -> list[Claim]:
     for sentence in re.split(r"[.!?;:()\[\]\n\"“”,|]+", text):
         run: list[str] = []
         for w in [*_WORD_RE.findall(sentence), "."]:
-            if _CAP_RE.match(w) or (run and w.lower() in _CONNECT):
+            if _CAP_RE.match(w) or (run and (w.lower() in _CONNECT or _MIXED_RE.match(w))):
                 run.append(w)
                 continue
             claim = _entity(run)
