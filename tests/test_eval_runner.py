@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+from pgvector.psycopg import register_vector
 
 from pgrag import search as s
 from pgrag.answer import LLMConfig
@@ -32,7 +34,7 @@ from pgrag.sample_documents import declare_sample_documents
 from pgrag.search import SearchHit
 
 from .chat_server import ChatServer, Reply
-from .conftest import run_pgrag
+from .conftest import create_database, drop_database, run_pgrag
 from .embed_server import default_embedder
 from .shop_fixture import load_tiny_shop
 
@@ -90,10 +92,24 @@ def _load(conn: psycopg.Connection[Any], comparisons: bool = False) -> None:
     _embed_everything(conn)
 
 
+@pytest.fixture(scope="module")
+def shop_url(pg_server: Any, template_db: str) -> Iterator[str]:
+    """The tiny shop with its comparison types, every chunk embedded: loaded once, committed."""
+    name = create_database(pg_server, template=template_db)
+    url = pg_server.url_for(name)
+    with psycopg.connect(url, autocommit=True) as c:
+        _load(c, comparisons=True)
+    yield url
+    drop_database(pg_server, name)
+
+
 @pytest.fixture
-def shop(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
-    _load(conn, comparisons=True)
-    return conn
+def shop(shop_url: str) -> Iterator[psycopg.Connection[Any]]:
+    """A connection to the tiny shop in a transaction that is always rolled back."""
+    with psycopg.connect(shop_url) as c:
+        register_vector(c)
+        with c.transaction(force_rollback=True):
+            yield c
 
 
 def _hit(doc_type: str, key: str, metadata: dict[str, Any]) -> SearchHit:
@@ -217,7 +233,7 @@ def test_strategy_bench_on_the_tiny_shop(db_url: str) -> None:
     bench = run_strategy_bench(
         db_url,
         customers=3,
-        limit_per_template=2,
+        limit_per_template=1,
         embedder=default_embedder(),
         say=lines.append,
         load=lambda c: load_tiny_shop(c),
@@ -248,13 +264,6 @@ def test_strategy_bench_on_the_tiny_shop(db_url: str) -> None:
 
 
 # ---- the CLI ----
-
-
-@pytest.fixture
-def shop_url(db_url: str) -> str:
-    with psycopg.connect(db_url, autocommit=True) as c:
-        _load(c)
-    return db_url
 
 
 def test_cli_eval_prints_writes_json_and_stores(shop_url: str, tmp_path: Path) -> None:
