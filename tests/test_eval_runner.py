@@ -257,7 +257,8 @@ def test_strategy_bench_on_the_tiny_shop(db_url: str) -> None:
     assert bench.scored > 0 and all(r.index_s is not None for r in bench.rows)
     md = markdown(bench)
     assert "| strategy | chunks |" in md and "| hybrid | 7 |" in md
-    assert "Recall@5 by category" in md
+    assert "Recall@5 by category" in md and "A perfect ranking would score P@5" in md
+    assert bench.ceiling is not None and bench.ceiling.mean.hit_rate == 1.0
     data = bench.to_json()
     assert data["strategies"][4]["at10"]["strategy"] == "hybrid"
     json.dumps(data, default=str)

@@ -73,6 +73,7 @@ class StrategyBench:
     rows: tuple[StrategyRow, ...]
     embedding_model: str
     seconds: float
+    ceiling: Report | None = None  # a perfect ranking at 5: the relevant documents first
 
     def to_json(self) -> dict[str, Any]:
         from pgrag.eval.runner import by_label_json
@@ -85,6 +86,9 @@ class StrategyBench:
             "embedding_model": self.embedding_model,
             "seconds": round(self.seconds, 1),
             "index": [c.__dict__ for c in self.index],
+            "ceiling_at5": None
+            if self.ceiling is None
+            else {"precision": self.ceiling.mean.precision, "recall": self.ceiling.mean.recall},
             "strategies": [
                 {
                     "strategy": r.strategy,
@@ -291,7 +295,15 @@ def run_strategy_bench(
         rows=tuple(rows),
         embedding_model=model.name,
         seconds=time.perf_counter() - started,
+        ceiling=ceiling(questions),
     )
+
+
+def ceiling(questions: Sequence[Question]) -> Report:
+    """The scores at 5 of a perfect ranking (every relevant document first): P@5 cannot reach
+    100% when a question has fewer than 5 relevant documents, nor R@5 when it has more."""
+    perfect = {q.id: [r.doc_id for r in q.relevant] for q in questions}
+    return evaluate(qrels(questions), perfect, 5, labels=labels(questions))
 
 
 def _ticker(bar: Any) -> Callable[[int, int], None] | None:
@@ -365,6 +377,16 @@ def markdown(bench: StrategyBench) -> str:
         "",
         *strategy_table(bench.rows),
         "",
+        *(
+            []
+            if bench.ceiling is None
+            else [
+                f"A perfect ranking would score P@5 {_pct(bench.ceiling.mean.precision)}, "
+                f"R@5 {_pct(bench.ceiling.mean.recall)}, F1@5 {_pct(bench.ceiling.mean.f1)} "
+                "on these questions.",
+                "",
+            ]
+        ),
         "Recall@5 by complexity:",
         "",
         *breakdown_table(bench.rows, "complexity"),
