@@ -96,6 +96,17 @@ def test_units_stay_inside_product_names() -> None:
     assert check("A Portable SSD 1TB and Extra Virgin Olive Oil 1L, in 2024.", context).score == 1
 
 
+def test_separators_inside_names_are_kept() -> None:
+    text = (
+        "Buys Grains/Cereals and Meat/Poultry. QUICK-Stop (customer QUICK), "
+        "Owner/Marketing Assistant."
+    )
+    claims = extract_claims(text)
+    assert {c.text for c in claims if c.kind == "entity"} >= {"Grains/Cereals", "Meat/Poultry"}
+    assert [c.text for c in claims if c.kind == "id"] == ["QUICK"]
+    assert check(text, [text]).score == 1.0
+
+
 def test_extractive_answers_are_faithful_even_when_truncated() -> None:
     contexts = [Context(i, t) for i, t in enumerate(CONTEXTS * 3, start=1)]
     contexts.append(Context(99, "Order 12 total $1,234.56 " + "x" * 700))

@@ -404,9 +404,16 @@ def markdown(bench: StrategyBench) -> str:
     return "\n".join(out) + "\n"
 
 
-def result_markdown(results: Mapping[str, EvalResult], at5: Mapping[str, Report]) -> str:
+def result_markdown(
+    results: Mapping[str, EvalResult],
+    at5: Mapping[str, Report],
+    index_s: Mapping[str, float] | None = None,
+) -> str:
     """A strategy table for results computed elsewhere (e.g. bench/northwind_eval.py)."""
-    rows = [StrategyRow(name, name, r.chunks, None, at5[name], r) for name, r in results.items()]
+    rows = [
+        StrategyRow(name, name, r.chunks, (index_s or {}).get(name), at5[name], r)
+        for name, r in results.items()
+    ]
     return "\n".join(strategy_table(rows)) + "\n"
 
 

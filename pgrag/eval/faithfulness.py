@@ -90,7 +90,8 @@ _WORD_RE = re.compile(r"[A-Za-z0-9][\w'’-]*|&")
 _MIXED_RE = re.compile(r"^\d+[A-Za-z][\w'’-]*$")  # 1TB, 4K: inside a name, not a number
 _CAP_RE = re.compile(r"^[A-Z][\w'’-]*$")
 _ID_RE = re.compile(
-    r"\b(?:[A-Z]{2,}[A-Z0-9-]*|[A-Za-z]+-?\d+[A-Za-z0-9-]*|(?!\d+(?:st|nd|rd|th)\b)\d+[A-Za-z]+[\w-]*)\b"
+    r"\b(?:[A-Z]{2,}(?:-?[A-Z0-9]+)*|[A-Za-z]+-?\d+(?:-?[A-Za-z0-9]+)*"
+    r"|(?!\d+(?:st|nd|rd|th)\b)\d+[A-Za-z][A-Za-z0-9]*(?:-[A-Za-z0-9]+)*)\b"
 )
 
 
@@ -185,28 +186,32 @@ def _numbers(text: str) -> list[Claim]:
     return out
 
 
-def _entity(run: list[str]) -> Claim | None:
-    """A claim for a run of words, trimmed of connectors and leading generic words."""
+def _entity(sentence: str, run: list[re.Match[str]]) -> Claim | None:
+    """A claim for a run of words, trimmed of connectors and leading generic words; its text is
+    the sentence's own span, separators kept (``Grains/Cereals``)."""
     words = list(run)
-    while words and words[-1].lower() in _CONNECT:
+    while words and words[-1].group(0).lower() in _CONNECT:
         words.pop()
-    while words and words[0].lower() in _LEADING | _CONNECT:
+    while words and words[0].group(0).lower() in _LEADING | _CONNECT:
         words.pop(0)
-    if sum(1 for w in words if _CAP_RE.match(w)) < 2:
+    if sum(1 for w in words if _CAP_RE.match(w.group(0))) < 2:
         return None
-    phrase = " ".join(words)
+    phrase = " ".join(sentence[words[0].start() : words[-1].end()].split())
     return Claim("entity", phrase, phrase.lower())
 
 
 def _entities(text: str) -> list[Claim]:
     out: list[Claim] = []
     for sentence in re.split(r"[.!?;:()\[\]\n\"“”,|]+", text):
-        run: list[str] = []
-        for w in [*_WORD_RE.findall(sentence), "."]:
-            if _CAP_RE.match(w) or (run and (w.lower() in _CONNECT or _MIXED_RE.match(w))):
-                run.append(w)
+        run: list[re.Match[str]] = []
+        for m in [*_WORD_RE.finditer(sentence), None]:
+            w = "" if m is None else m.group(0)
+            if m is not None and (
+                _CAP_RE.match(w) or (run and (w.lower() in _CONNECT or _MIXED_RE.match(w)))
+            ):
+                run.append(m)
                 continue
-            claim = _entity(run)
+            claim = _entity(sentence, run)
             if claim is not None:
                 out.append(claim)
             run = []
@@ -270,7 +275,7 @@ def _supported(claim: Claim, ev: _Evidence) -> bool:
     if claim.kind == "month":
         return claim.normalized in ev.months
     if claim.kind == "id":
-        return re.search(r"(?<![\w-])" + re.escape(claim.text) + r"(?![\w-])", ev.raw) is not None
+        return re.search(r"(?<!\w)" + re.escape(claim.text) + r"(?!\w)", ev.raw) is not None
     return " ".join(claim.normalized.split()) in ev.text
 
 
