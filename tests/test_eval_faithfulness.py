@@ -98,7 +98,7 @@ def test_units_stay_inside_product_names() -> None:
 
 def test_separators_inside_names_are_kept() -> None:
     text = (
-        "Buys Grains/Cereals and Meat/Poultry. QUICK-Stop (customer QUICK), "
+        "He buys Grains/Cereals and Meat/Poultry. QUICK-Stop (customer QUICK), "
         "Owner/Marketing Assistant."
     )
     claims = extract_claims(text)
