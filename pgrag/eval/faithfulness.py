@@ -18,12 +18,12 @@ Rules (docs/evaluation.md):
   judge can then weigh. A number is supported when the data holds the same value (digits
   inside the data's dates and identifiers count as data).
 - **Named entities** (pragmatic, English): a run of two or more capitalized words, allowing
-  ``of``, ``de``, ``van``, ``the``, ``&``, hyphens and apostrophes inside (``John Smith``,
-  ``Sapiens: A Brief History`` is ``Sapiens`` + ``A Brief History``), with a leading ``The``,
-  ``A``, ``An`` or a question word dropped; and identifiers: a word of two or more capitals
-  (``VIP``, ``ALFKI``) or a word mixing letters and digits (``USB-C``, ``SPF50``). An entity is
-  supported when it occurs in the data, case and spacing aside (identifiers: case-sensitive, as
-  a whole word).
+  ``of``, ``de``, ``van``, ``the``, ``&`` and unit-like words (``1TB``) inside, hyphens,
+  apostrophes and slashes within (``Grains/Cereals``), with a leading article, question word
+  or generic noun (``The``, ``Customer``, ``Order``...) dropped: ``John Smith``,
+  ``Portable SSD 1TB``; and identifiers: a word of two or more capitals (``VIP``, ``ALFKI``)
+  or mixing letters and digits (``USB-C``, ``1TB``). An entity is supported when it occurs in
+  the data, case and spacing aside; an identifier, as a whole case-sensitive word.
 
 The LLM judge (``judge``) asks an OpenAI-compatible chat endpoint (configured as for answers,
 ``pgrag.answer.LLMConfig``) for a JSON verdict: does the answer contradict the data, use outside
