@@ -17,6 +17,15 @@ def bench() -> None:
     """Benchmarks whose markdown and plots go into docs/."""
 
 
+def _add_strategies() -> None:
+    from pgrag.cli_eval import bench_strategies
+
+    bench.add_command(bench_strategies)
+
+
+_add_strategies()
+
+
 @bench.command("search", context_settings=CONTEXT_SETTINGS)
 @click.option(
     "--rows",
