@@ -219,7 +219,7 @@ def answer(
         )
     messages = build_prompt(question, contexts, stats)
     prompted = time.perf_counter()
-    content, model, attempts = _chat(llm, messages)
+    content, model, attempts = chat(llm, messages)
     done = time.perf_counter()
     return Answer(
         text=content.strip(),
@@ -255,7 +255,7 @@ def extractive_answer(
     lines = ["No language model was used; here are the exact statistics and the best matches."]
     if stats:
         lines += ["", "Exact statistics:"]
-        lines += ["- " + key + ": " + value for key, value in _flatten(stats)]
+        lines += ["- " + key + ": " + value for key, value in flatten_stats(stats)]
     shown = list(contexts[:EXTRACTIVE_CONTEXTS])
     if shown:
         lines += ["", "Best matching data:"]
@@ -274,12 +274,13 @@ def extractive_answer(
     )
 
 
-def _flatten(stats: Mapping[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+def flatten_stats(stats: Mapping[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    """Nested statistics as (dotted key, printed value) pairs, as the prompt shows them."""
     out: list[tuple[str, str]] = []
     for key, value in stats.items():
         name = prefix + str(key)
         if isinstance(value, Mapping):
-            out += _flatten(value, name + ".")
+            out += flatten_stats(value, name + ".")
         elif not isinstance(value, list | tuple | bool | int | float | None):
             out.append((name, str(value)))  # text, Decimal, date: their exact text
         else:
@@ -294,7 +295,7 @@ def _ms(started: float) -> float:
 # ---- the chat endpoint ----
 
 
-def _chat(llm: LLMConfig, messages: list[dict[str, str]]) -> tuple[str, str, int]:
+def chat(llm: LLMConfig, messages: list[dict[str, str]]) -> tuple[str, str, int]:
     """(content, model, attempts) from the endpoint; retries 429, 5xx, timeouts, no connection."""
     try:
         import openai

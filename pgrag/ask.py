@@ -112,7 +112,7 @@ def _resolve_name(
     return flt, f"several customers are named {name}; searched without a customer filter"
 
 
-def _contexts(hits: Sequence[SearchHit]) -> list[Context]:
+def contexts_of(hits: Sequence[SearchHit]) -> list[Context]:
     out = []
     for h in hits:
         text = h.text
@@ -191,7 +191,7 @@ def ask(
     if llm is None and use_env_llm:
         llm = LLMConfig.from_env()
     t = time.perf_counter()
-    result = answer(question, _contexts(kept), found.stats, llm=llm)
+    result = answer(question, contexts_of(kept), found.stats, llm=llm)
     generate_ms = (time.perf_counter() - t) * 1000
     timings = {
         "parse_ms": round(parse_ms, 3),
@@ -216,4 +216,4 @@ def ask(
     )
 
 
-__all__ = ["AskResult", "ask", "forget_catalog"]
+__all__ = ["AskResult", "ask", "contexts_of", "forget_catalog"]

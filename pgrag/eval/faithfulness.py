@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Literal
 
-from pgrag.answer import LLMConfig, _chat, _flatten, quote_data
+from pgrag.answer import LLMConfig, chat, flatten_stats, quote_data
 from pgrag.errors import PgragError
 
 ClaimKind = Literal["number", "date", "month", "entity", "id"]
@@ -253,7 +253,7 @@ class _Evidence:
 def _stats_text(stats: Mapping[str, Any] | None) -> str:
     if not stats:
         return ""
-    return "\n".join(f"{k}: {v}" for k, v in _flatten(stats))
+    return "\n".join(f"{k}: {v}" for k, v in flatten_stats(stats))
 
 
 def _evidence(contexts: Sequence[str], stats: Mapping[str, Any] | None) -> _Evidence:
@@ -395,7 +395,7 @@ def judge(
     llm: LLMConfig,
 ) -> Verdict:
     """Ask the chat endpoint ``llm`` whether ``answer`` is faithful to the data."""
-    content, model, _ = _chat(llm, judge_messages(question, answer, contexts, stats))
+    content, model, _ = chat(llm, judge_messages(question, answer, contexts, stats))
     return parse_verdict(content, model, llm.base_url or "api.openai.com")
 
 

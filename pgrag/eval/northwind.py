@@ -17,7 +17,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from pgrag.errors import ConfigError, mapped_database_errors
-from pgrag.eval.questions import _ADVERSARIAL, NOT_FOUND, REFUSAL, Question, Relevant
+from pgrag.eval.questions import ADVERSARIAL, NOT_FOUND, REFUSAL, Question, Relevant
 from pgrag.eval.runner import named_queries
 
 CUSTOMER = "nw_customer"
@@ -147,7 +147,7 @@ def generate_northwind_questions(
             month = first_day.replace(day=1, year=first_day.year - years)
             text = f"What did {bounds['some_name']} order in {_month(month)}?"
             add("nw-edge-month", text, NOT_FOUND, [], "medium", "edge")
-    for text in _ADVERSARIAL[:limit_per_template]:
+    for text in ADVERSARIAL[:limit_per_template]:
         add("nw-adversarial", text, REFUSAL, [], "simple", "adversarial")
     return out
 

@@ -381,7 +381,7 @@ class _Retrieved:
 
 
 def _contexts(hits: Sequence[SearchHit]) -> list[Context]:
-    from pgrag.ask import _contexts as ask_contexts
+    from pgrag.ask import contexts_of as ask_contexts
 
     return ask_contexts(hits)
 
