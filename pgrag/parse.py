@@ -110,7 +110,7 @@ class ParsedQuery:
 
 # ---- vocabulary ----
 
-_MONTHS = {
+MONTHS = {  # month names and abbreviations -> month number (also pgrag.eval.faithfulness)
     name: i
     for i, names in enumerate(
         [
@@ -131,7 +131,7 @@ _MONTHS = {
     )
     for name in names
 }
-_MONTH = r"(" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
+_MONTH = r"(" + "|".join(sorted(MONTHS, key=len, reverse=True)) + r")\.?"
 _YEAR = r"((?:19|20)\d{2})"
 _NUMBER_WORDS = {
     "a": 1,
@@ -203,7 +203,7 @@ _CUSTOMER_WORDS_RE = re.compile(r"\b(?:customers?|clients?|users?|people|buyers?
 _NAME_WORD = r"(?:[A-Z]')?[A-Z][a-z]*[A-Z]?[a-z]+(?:-[A-Z][a-z]+)?"
 _NAME_RE = re.compile(r"(?=\b(" + _NAME_WORD + r")\s+(" + _NAME_WORD + r")\b)")
 _NOT_NAMES = {
-    *(m.capitalize() for m in _MONTHS),
+    *(m.capitalize() for m in MONTHS),
     *"""
     Monday Tuesday Wednesday Thursday Friday Saturday Sunday What Which Who Whom Whose How When
     Where Why Show List Give Find Tell Did Do Does Is Are Was Were Has Have Had Can Could Would
@@ -486,7 +486,7 @@ Span = tuple[dt.date | None, dt.date | None]
 
 
 def _since_month(m: re.Match[str], today: dt.date) -> Span:
-    month = _MONTHS[m.group(1).lower()]
+    month = MONTHS[m.group(1).lower()]
     year = int(m.group(2)) if m.group(2) else _latest_year_for(month, today)
     return dt.date(year, month, 1), today
 
@@ -496,7 +496,7 @@ def _since_year(m: re.Match[str], today: dt.date) -> Span:
 
 
 def _before_month(m: re.Match[str], today: dt.date) -> Span:
-    month = _MONTHS[m.group(1).lower()]
+    month = MONTHS[m.group(1).lower()]
     year = int(m.group(2)) if m.group(2) else _latest_year_for(month, today)
     return None, dt.date(year, month, 1) - dt.timedelta(days=1)
 
@@ -506,7 +506,7 @@ def _before_year(m: re.Match[str], _today: dt.date) -> Span:
 
 
 def _month_year(m: re.Match[str], _today: dt.date) -> Span:
-    return _month_range(int(m.group(2)), _MONTHS[m.group(1).lower()])
+    return _month_range(int(m.group(2)), MONTHS[m.group(1).lower()])
 
 
 def _quarter(m: re.Match[str], _today: dt.date) -> Span:
@@ -567,7 +567,7 @@ def _year(m: re.Match[str], _today: dt.date) -> Span:
 
 
 def _month_alone(m: re.Match[str], today: dt.date) -> Span:
-    month = _MONTHS[m.group(1).lower()]
+    month = MONTHS[m.group(1).lower()]
     return _month_range(_latest_year_for(month, today), month)
 
 

@@ -42,31 +42,11 @@ from typing import Any, Literal
 
 from pgrag.answer import LLMConfig, chat, flatten_stats, quote_data
 from pgrag.errors import PgragError
+from pgrag.parse import MONTHS
 
 ClaimKind = Literal["number", "date", "month", "entity", "id"]
 
-_MONTHS = {
-    name: i
-    for i, names in enumerate(
-        (
-            ("january", "jan"),
-            ("february", "feb"),
-            ("march", "mar"),
-            ("april", "apr"),
-            ("may",),
-            ("june", "jun"),
-            ("july", "jul"),
-            ("august", "aug"),
-            ("september", "sep", "sept"),
-            ("october", "oct"),
-            ("november", "nov"),
-            ("december", "dec"),
-        ),
-        start=1,
-    )
-    for name in names
-}
-_MONTH = r"(?P<mon>" + "|".join(sorted(_MONTHS, key=len, reverse=True)) + r")\.?"
+_MONTH = r"(?P<mon>" + "|".join(sorted(MONTHS, key=len, reverse=True)) + r")\.?"
 _CITATION_RE = re.compile(
     r"\[\s*(?:chunks?|ids?)?\s*[:#]?\s*\d+(?:\s*(?:,|;|and)\s*(?:chunks?\s*)?#?\d+)*\s*\]"
     r"|\[\s*stats\s*\]",
@@ -162,7 +142,7 @@ def _dates(text: str) -> tuple[list[Claim], str]:
         for m in pattern.finditer(text):
             if not free(m):
                 continue
-            month = int(m["m"]) if "mon" not in m.groupdict() else _MONTHS[m["mon"].lower()]
+            month = int(m["m"]) if "mon" not in m.groupdict() else MONTHS[m["mon"].lower()]
             iso = _date(m["y"], month, m["d"])
             if iso is not None:
                 taken.append(m.span())
@@ -170,7 +150,7 @@ def _dates(text: str) -> tuple[list[Claim], str]:
     for m in _MY_RE.finditer(text):
         if free(m):
             taken.append(m.span())
-            month = _MONTHS[m["mon"].lower()]
+            month = MONTHS[m["mon"].lower()]
             found.append((m.start(), m.end(), Claim("month", m.group(0), f"{m['y']}-{month:02d}")))
     found.sort(key=lambda x: x[0])
     return [c for _, _, c in found], _blank(text, taken)

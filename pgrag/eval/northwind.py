@@ -16,8 +16,15 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from pgrag.errors import ConfigError, mapped_database_errors
-from pgrag.eval.questions import ADVERSARIAL, NOT_FOUND, REFUSAL, Question, Relevant
+from pgrag.errors import mapped_database_errors
+from pgrag.eval.questions import (
+    ADVERSARIAL,
+    NOT_FOUND,
+    REFUSAL,
+    Question,
+    QuestionList,
+    check_limit,
+)
 from pgrag.eval.runner import named_queries
 
 CUSTOMER = "nw_customer"
@@ -48,26 +55,12 @@ def generate_northwind_questions(
     conn: psycopg.Connection[Any], *, limit_per_template: int = 20, seed: int = 42
 ) -> list[Question]:
     """Questions about Northwind (schema public) with SQL ground truth (docs/evaluation.md)."""
-    if isinstance(limit_per_template, bool) or not 1 <= limit_per_template <= 10_000:
-        raise ConfigError(
-            f"limit_per_template must be 1 to 10000, got {limit_per_template!r}: e.g. 20"
-        )
+    check_limit(limit_per_template)
     q = named_queries("northwind_questions.sql")
     rng = random.Random(seed)
     params: dict[str, Any] = {"seed": str(seed), "lim": limit_per_template}
-    out: list[Question] = []
-
-    def add(
-        prefix: str,
-        text: str,
-        answer: str,
-        relevant: Iterable[tuple[str, str]],
-        complexity: str,
-        category: str,
-    ) -> None:
-        n = sum(1 for x in out if x.id.startswith(prefix + "-")) + 1
-        rel = tuple(Relevant(t, k) for t, k in relevant)
-        out.append(Question(f"{prefix}-{n:03d}", text, answer, rel, complexity, category))
+    out = QuestionList()
+    add = out.add
 
     def customers(keys: Iterable[str]) -> list[tuple[str, str]]:
         return [(CUSTOMER, k) for k in keys]

@@ -257,6 +257,32 @@ _FAKE_FIRST = ("Zebulon", "Quincy", "Ottilie", "Barnaby", "Isolde", "Thaddeus", 
 _FAKE_LAST = ("Featherstonehaugh", "Quackenbush", "Vanderbilt-Ng", "Oyelaran", "Zylstra")
 
 
+def check_limit(limit_per_template: int) -> None:
+    """A generator's per-template limit, 1 to 10,000; ConfigError otherwise."""
+    if isinstance(limit_per_template, bool) or not 1 <= limit_per_template <= 10_000:
+        raise ConfigError(
+            f"limit_per_template must be 1 to 10000, got {limit_per_template!r}: e.g. 20"
+        )
+
+
+class QuestionList(list[Question]):
+    """The questions a generator builds, numbered per id prefix (``orders-undelivered-001``)."""
+
+    def add(
+        self,
+        prefix: str,
+        text: str,
+        answer: str,
+        relevant: Iterable[tuple[str, str]],
+        complexity: str,
+        category: str,
+        filters: Mapping[str, Any] | None = None,
+    ) -> None:
+        n = sum(1 for x in self if x.id.startswith(prefix + "-")) + 1
+        rel = tuple(Relevant(t, k) for t, k in relevant)
+        self.append(Question(f"{prefix}-{n:03d}", text, answer, rel, complexity, category, filters))
+
+
 def generate_shop_questions(
     conn: psycopg.Connection[Any], *, limit_per_template: int = 20, seed: int = 42
 ) -> list[Question]:
@@ -266,27 +292,12 @@ def generate_shop_questions(
     wording varies with the seed. Relevant chunks are ``customer_profile`` (source key =
     customer_id) and ``order_detail`` (source key = order_id).
     """
-    if isinstance(limit_per_template, bool) or not 1 <= limit_per_template <= 10_000:
-        raise ConfigError(
-            f"limit_per_template must be 1 to 10000, got {limit_per_template!r}: e.g. 20"
-        )
+    check_limit(limit_per_template)
     q = _queries()
     rng = random.Random(seed)
     params: dict[str, Any] = {"seed": str(seed), "lim": limit_per_template}
-    out: list[Question] = []
-
-    def add(
-        prefix: str,
-        text: str,
-        answer: str,
-        relevant: Iterable[tuple[str, str]],
-        complexity: str,
-        category: str,
-        filters: Mapping[str, Any] | None = None,
-    ) -> None:
-        n = sum(1 for x in out if x.id.startswith(prefix + "-")) + 1
-        rel = tuple(Relevant(t, k) for t, k in relevant)
-        out.append(Question(f"{prefix}-{n:03d}", text, answer, rel, complexity, category, filters))
+    out = QuestionList()
+    add = out.add
 
     def profiles(keys: Iterable[str]) -> list[tuple[str, str]]:
         return [("customer_profile", k) for k in keys]
