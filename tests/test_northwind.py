@@ -74,3 +74,16 @@ def test_one_order_line_change_rebuilds_exactly_its_order_and_customer(northwind
         ).fetchall()
         assert changed == [("nw_customer", "VINET"), ("nw_order", "10248")]
         assert documents.verify(conn) == []
+
+
+def test_northwind_questions_point_at_chunks_that_exist(northwind: str) -> None:
+    from pgrag.eval.northwind import generate_northwind_questions
+
+    with psycopg.connect(northwind) as conn:
+        questions = generate_northwind_questions(conn, limit_per_template=5, seed=3)
+        keys = set(conn.execute("select doc_type, source_key from pgrag.chunks").fetchall())
+    ids = [q.id for q in questions]
+    assert len(ids) == len(set(ids)) and len(ids) >= 40
+    for q in questions:
+        assert {(r.doc_type, r.source_key) for r in q.relevant} <= keys, q
+        assert (q.relevant == ()) == (q.category in ("edge", "adversarial")), q
