@@ -96,10 +96,26 @@ def loaded(conn: psycopg.Connection[Any]) -> int:
 
 
 def load(url: str, n: int, *, seed: int = 7, quiet: bool = False) -> float:
-    """Replace every chunk with n synthetic ones, then rebuild the HNSW index in memory (its
-    own definition, so m / ef_construction stay what the migration chose); seconds taken."""
+    """Replace every chunk with n synthetic ones, then rebuild the HNSW index; seconds taken."""
     started = time.perf_counter()
     vecs, texts, metas = rows(n, seed)
+    store(url, vecs, texts, metas, quiet=quiet)
+    if not quiet:
+        print(f"indexed in {time.perf_counter() - started:.1f} s total", file=sys.stderr)
+    return time.perf_counter() - started
+
+
+def store(
+    url: str,
+    vecs: Any,
+    texts: list[str],
+    metas: list[dict[str, Any]],
+    *,
+    quiet: bool = True,
+) -> None:
+    """Replace every chunk with these (type ``synthetic``, keys 0..n-1), then rebuild the HNSW
+    index in memory with its own definition, so m / ef_construction stay the migration's."""
+    started = time.perf_counter()
     with psycopg.connect(url) as conn:
         register_vector(conn)
         hnsw = conn.execute(_HNSW).fetchone()
@@ -110,10 +126,11 @@ def load(url: str, n: int, *, seed: int = 7, quiet: bool = False) -> float:
         conn.execute("update pgrag.settings set embedding_model = 'synthetic'")
         with conn.cursor().copy(_COPY) as cp:
             cp.set_types(["text", "text", "text", "jsonb", "vector", "text"])
-            for i in range(n):
+            for i in range(len(texts)):
                 cp.write_row((DOC_TYPE, str(i), texts[i], Jsonb(metas[i]), vecs[i], "synthetic"))
         conn.commit()
         if not quiet:
+            n = len(texts)
             print(f"loaded {n:,} rows in {time.perf_counter() - started:.1f} s", file=sys.stderr)
         # 1M x 384-d needs ~4 GB to build in memory; a spilled build is several times slower
         conn.execute("select set_config('maintenance_work_mem', '6GB', false)")
@@ -122,9 +139,6 @@ def load(url: str, n: int, *, seed: int = 7, quiet: bool = False) -> float:
         conn.commit()
         conn.autocommit = True
         conn.execute("vacuum analyze pgrag.chunks")
-    if not quiet:
-        print(f"indexed in {time.perf_counter() - started:.1f} s total", file=sys.stderr)
-    return time.perf_counter() - started
 
 
 def declare_stats(conn: psycopg.Connection[Any]) -> None:

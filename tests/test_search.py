@@ -10,10 +10,9 @@ from typing import Any
 import numpy as np
 import psycopg
 import pytest
-from pgvector.psycopg import register_vector
-from psycopg.types.json import Jsonb
 
 from pgrag import search as s
+from pgrag import synthetic
 from pgrag.embed.base import Embedder, get_embedder
 from pgrag.errors import ConfigError, DimensionMismatch, DocumentError, InvalidFilter, ModelMismatch
 
@@ -41,30 +40,15 @@ def synthetic_url(pg_server: Any, template_db: str) -> Iterator[str]:
     centers = rng.normal(size=(100, DIM))
     vecs = _mixture(rng, centers, ROWS)
     pick = rng.permutation(ROWS)
-    with psycopg.connect(url) as conn:
-        register_vector(conn)
-        ddl = conn.execute(
-            "select indexdef from pg_indexes where indexname = 'chunks_embedding_hnsw'"
-        ).fetchone()
-        assert ddl is not None
-        conn.execute("drop index pgrag.chunks_embedding_hnsw")
-        conn.execute("update pgrag.settings set embedding_model = 'synthetic'")
-        with conn.cursor().copy(
-            "copy pgrag.chunks (doc_type, source_key, text, metadata, embedding) "
-            "from stdin (format binary)"
-        ) as cp:
-            cp.set_types(["text", "text", "text", "jsonb", "vector"])
-            for i in range(ROWS):
-                p = int(pick[i])
-                meta = {"all": True, "topic": i % 100, "p10": p % 10 == 0}
-                meta |= {"p1": True} if p % 100 == 0 else {}
-                meta |= {"p01": True} if p % 1000 == 0 else {}
-                words = f"item{i % 50} colour{i % 7}"
-                cp.write_row(("synthetic", str(i), f"chunk {i} {words}", Jsonb(meta), vecs[i]))
-        conn.execute(str(ddl[0]).encode())
-        conn.commit()
-        conn.autocommit = True
-        conn.execute("vacuum analyze pgrag.chunks")
+    texts, metas = [], []
+    for i in range(ROWS):
+        p = int(pick[i])
+        meta = {"all": True, "topic": i % 100, "p10": p % 10 == 0}
+        meta |= {"p1": True} if p % 100 == 0 else {}
+        meta |= {"p01": True} if p % 1000 == 0 else {}
+        metas.append(meta)
+        texts.append(f"chunk {i} item{i % 50} colour{i % 7}")
+    synthetic.store(url, vecs, texts, metas)
     yield url
     drop_database(pg_server, name)
 

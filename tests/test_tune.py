@@ -9,9 +9,9 @@ import numpy as np
 import psycopg
 import pytest
 from pgvector.psycopg import register_vector
-from psycopg.types.json import Jsonb
 
 from pgrag import search as s
+from pgrag import synthetic
 from pgrag import tune as t
 from pgrag.errors import ConfigError, PgragError
 
@@ -27,22 +27,7 @@ def _load(url: str, rows: int = ROWS, clusters: int = 50) -> None:
     centers = rng.normal(size=(clusters, DIM)) * (clusters > 1)
     vecs = centers[rng.integers(0, clusters, size=rows)] + rng.normal(scale=1.2, size=(rows, DIM))
     vecs = (vecs / np.linalg.norm(vecs, axis=1, keepdims=True)).astype(np.float32)
-    with psycopg.connect(url) as conn:
-        register_vector(conn)
-        ddl = conn.execute(
-            "select indexdef from pg_indexes where indexname = 'chunks_embedding_hnsw'"
-        ).fetchone()
-        assert ddl is not None
-        conn.execute("drop index pgrag.chunks_embedding_hnsw")
-        conn.execute("update pgrag.settings set embedding_model = 'synthetic'")
-        with conn.cursor().copy(
-            "copy pgrag.chunks (doc_type, source_key, text, metadata, embedding) "
-            "from stdin (format binary)"
-        ) as cp:
-            cp.set_types(["text", "text", "text", "jsonb", "vector"])
-            for i in range(rows):
-                cp.write_row(("synthetic", str(i), f"chunk {i}", Jsonb({}), vecs[i]))
-        conn.execute(str(ddl[0]).encode())
+    synthetic.store(url, vecs, [f"chunk {i}" for i in range(rows)], [{}] * rows)
 
 
 def _search_ef(conn: psycopg.Connection[Any], **kw: Any) -> int:
