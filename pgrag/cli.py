@@ -17,10 +17,8 @@ import click
 import psycopg
 
 from pgrag import config, migrate
-from pgrag.cli_common import print_rebuild, rebuild_progress
+from pgrag.cli_common import CONTEXT_SETTINGS, print_rebuild, rebuild_progress
 from pgrag.errors import PgragError, ServerError
-
-CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
 class _Group(click.Group):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+from pgrag.cli_common import CONTEXT_SETTINGS, url_of
 
 
 @click.group("bench", context_settings=CONTEXT_SETTINGS)
@@ -73,7 +73,6 @@ def bench_search(
     their HNSW index takes tens of minutes on 2 cores; the sweep itself, minutes.
     """
     from pgrag.cli_common import rebuild_progress
-    from pgrag.cli_search import _url
     from pgrag.sweep import run
 
     command = "pgrag bench search " + " ".join(f"--rows {n}" for n in sizes)
@@ -83,7 +82,7 @@ def bench_search(
         command += f" --hnsw-m {m} --hnsw-ef-construction {efc}"
         out_name = f"search-sweep-m{m}-efc{efc}.md"
     reports = run(
-        _url(ctx),
+        url_of(ctx),
         sizes,
         out_dir=out_dir,
         queries=queries,

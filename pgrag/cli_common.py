@@ -1,4 +1,4 @@
-"""Small pieces the click modules share: rebuild progress bars and summaries."""
+"""Small pieces the click modules share: settings, the database URL, progress bars, summaries."""
 
 from __future__ import annotations
 
@@ -8,6 +8,18 @@ from typing import Any
 import click
 
 from pgrag.documents import RebuildStats
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def url_of(ctx: click.Context) -> str:
+    """The database URL from the main group's state, else PGRAG_DATABASE_URL / embedded."""
+    state = ctx.find_root().obj
+    if state is not None and hasattr(state, "url"):
+        return str(state.url())
+    from pgrag.db import resolve_url
+
+    return resolve_url(None)
 
 
 def rebuild_progress(unit: str = "doc") -> Callable[[str, int, int], None]:

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
+from pgrag.cli_common import url_of
 from pgrag.embed.base import ENV_EMBEDDER, Embedder
 from pgrag.errors import EmbeddingFailed
 from pgrag.worker import (
@@ -29,16 +30,6 @@ MODEL_HELP = (
 SHOWN_FAILURES = 5
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _url(ctx: click.Context) -> str:
-    """The database URL from the main group's state, else PGRAG_DATABASE_URL / embedded."""
-    state = ctx.find_root().obj
-    if state is not None and hasattr(state, "url"):
-        return str(state.url())
-    from pgrag.db import resolve_url
-
-    return resolve_url(None)
 
 
 def _embedder(spec: str | None) -> Embedder:
@@ -127,7 +118,7 @@ def embed(ctx: click.Context, model_spec: str | None, batch_size: int, retry_fai
     Exits 9 if some chunks could not be embedded (they are listed), 5 if the model is not the
     one that made this store's vectors (see `pgrag reembed`).
     """
-    url = _url(ctx)
+    url = url_of(ctx)
     embedder = _embedder(model_spec)
     stop = threading.Event()
     with Worker(url, embedder, batch_size=batch_size, stop=stop) as worker, StopOnSignals(stop):
@@ -164,7 +155,7 @@ def worker(ctx: click.Context, model_spec: str | None, batch_size: int, poll_s: 
     Stops cleanly on SIGINT or SIGTERM after its current batch (a second signal interrupts).
     Any number of workers may run at once.
     """
-    url = _url(ctx)
+    url = url_of(ctx)
     embedder = _embedder(model_spec)
     stop = threading.Event()
     with Worker(url, embedder, batch_size=batch_size, stop=stop) as w, StopOnSignals(stop):
@@ -204,7 +195,7 @@ def reembed(
     Vectors the model made before come back from the content cache for free; search returns
     fewer chunks until the re-embedding is done.
     """
-    url = _url(ctx)
+    url = url_of(ctx)
     embedder = _embedder(model_spec)
     if not yes:
         click.confirm(

@@ -13,18 +13,8 @@ from typing import Any
 
 import click
 
+from pgrag.cli_common import CONTEXT_SETTINGS, url_of
 from pgrag.embed.base import ENV_EMBEDDER
-
-CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-
-
-def _url(ctx: click.Context) -> str:
-    state = ctx.find_root().obj
-    if state is not None and hasattr(state, "url"):
-        return str(state.url())
-    from pgrag.db import resolve_url
-
-    return resolve_url(None)
 
 
 def _bar(desc: str, total: int, enabled: bool = True) -> Any:
@@ -190,7 +180,7 @@ def eval_command(
     questions = read_jsonl(path)
     llm = LLMConfig.from_env() if use_llm else None
     quiet = no_progress or json_out == "-"
-    with connect(_url(ctx)) as client:
+    with connect(url_of(ctx)) as client:
         client.require_schema()
         bar = _bar(f"eval {strat.name}", len(questions), not quiet)
         with client.connection() as conn:
@@ -236,7 +226,7 @@ def eval_runs(
     from pgrag.db import connect
     from pgrag.eval.runner import list_runs
 
-    with connect(_url(ctx)) as client:
+    with connect(url_of(ctx)) as client:
         client.require_schema()
         with client.connection() as conn:
             runs = list_runs(conn, question_set=question_set, strategy=strategy, limit=limit)
@@ -299,7 +289,7 @@ def eval_questions(
 
     if kind == "type" and not doc_types:
         raise ConfigError("--set type needs --doc-type TYPE (repeatable): the types to ask about")
-    with connect(_url(ctx)) as client:
+    with connect(url_of(ctx)) as client:
         client.require_schema()
         with client.connection() as conn:
             if kind == "shop":
@@ -391,7 +381,7 @@ def bench_strategies(
         click.echo(line, err=True)
 
     result = run_strategy_bench(
-        _url(ctx),
+        url_of(ctx),
         customers=customers,
         seed=seed,
         limit_per_template=limit_per_template,

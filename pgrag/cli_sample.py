@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+from pgrag.cli_common import CONTEXT_SETTINGS
 
 
 @click.group("sample", context_settings=CONTEXT_SETTINGS)

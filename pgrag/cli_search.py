@@ -12,20 +12,11 @@ from typing import Any, TypeVar
 
 import click
 
+from pgrag.cli_common import CONTEXT_SETTINGS, url_of
 from pgrag.embed.base import ENV_EMBEDDER
 
-CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 F = TypeVar("F", bound=Callable[..., Any])
 PREVIEW_CHARS = 160
-
-
-def _url(ctx: click.Context) -> str:
-    state = ctx.find_root().obj
-    if state is not None and hasattr(state, "url"):
-        return str(state.url())
-    from pgrag.db import resolve_url
-
-    return resolve_url(None)
 
 
 def _common(f: F) -> F:
@@ -136,7 +127,7 @@ def search(
     from pgrag.search import search as run
 
     flt = _filter(filter_json)
-    with connect(_url(ctx)) as client:
+    with connect(url_of(ctx)) as client:
         result = run(
             client,
             query,
@@ -213,7 +204,7 @@ def ask(
     from pgrag.db import connect
 
     flt = _filter(filter_json)
-    with connect(_url(ctx)) as client:
+    with connect(url_of(ctx)) as client:
         result = run(
             client,
             question,
@@ -279,7 +270,7 @@ def demo(
         print_answer(result)
 
     run_demo(
-        _url(ctx),
+        url_of(ctx),
         customers=customers,
         seed=seed,
         embedder=model_spec,
@@ -332,7 +323,7 @@ def tune(
     from pgrag.tune import store
     from pgrag.tune import tune as run
 
-    with connect(_url(ctx)) as client, client.connection() as conn:
+    with connect(url_of(ctx)) as client, client.connection() as conn:
         if reset:
             store(conn, None)
             click.echo("pgrag.ef_search removed: searches use 2 x candidates (at least 40)")
