@@ -8,8 +8,9 @@
 -- transaction's marker into pgrag.sync_pending (once: on conflict do nothing). The marker's
 -- constraint trigger is DEFERRABLE INITIALLY DEFERRED, so it fires at commit, once, and renders
 -- the queue (pgrag.sync_now):
---   1. every document lock of the transaction, in one order shared by all transactions (type,
---      then bucket): two committing transactions never wait for each other in a cycle;
+--   1. one exclusive lock per document type it queued, all first, in name order (shared by all
+--      transactions): two committing transactions never wait for each other in a cycle, and
+--      the keys step 3 finds later are covered by the locks already held;
 --   2. the renders, parents before children, each from a fresh snapshot;
 --   3. the key queries again, over the queued rows, on a fresh snapshot: a concurrent commit may
 --      have moved rows into documents the statements did not know of. Repeat until none is new.
@@ -20,32 +21,6 @@
 -- `set pgrag.sync = immediate` renders per statement instead (a session that reads its own
 -- chunks before committing); `select pgrag.sync_now()` renders the queue mid-transaction, as
 -- does `set constraints pgrag.pgrag_sync_at_commit immediate` (then after every statement).
-
-create or replace function pgrag.lock_documents(doc_type text, keys text[])
-returns void
-language plpgsql volatile security invoker
-set search_path = pg_catalog, pg_temp
-as $fn$
-#variable_conflict use_variable
--- The locks pgrag.store_<type>(keys) takes (a shared lock on the type and one per key bucket,
--- in bucket order; keys NULL: the whole type), taken ahead of the render.
-declare
-    tk integer := hashtext('pgrag document ' || doc_type);
-begin
-    if keys is null then
-        perform pg_advisory_xact_lock(tk::bigint);
-    else
-        perform pg_advisory_xact_lock_shared(tk::bigint);
-        perform pg_advisory_xact_lock(tk, b)
-           from (select distinct hashtext(k) & 255 as b from unnest(keys) as u(k)) d
-          order by b;
-    end if;
-end
-$fn$;
-
-comment on function pgrag.lock_documents(text, text[]) is
-    'Take the document locks a render of these keys (NULL: all) takes, in bucket order';
-
 
 create or replace function pgrag.sync_now()
 returns bigint
@@ -195,8 +170,7 @@ begin
     select * into strict s from pgrag.settings;
     execute format('grant select, insert, delete on pgrag.sync_queue, pgrag.sync_pending to %I',
                    s.writer_role);
-    revoke all on function pgrag.sync_now(), pgrag.lock_documents(text, text[]) from public;
-    execute format('grant execute on function pgrag.sync_now(), '
-                   'pgrag.lock_documents(text, text[]) to %I', s.writer_role);
+    revoke all on function pgrag.sync_now() from public;
+    execute format('grant execute on function pgrag.sync_now() to %I', s.writer_role);
 end
 $$;
