@@ -85,6 +85,20 @@ class CompiledFilter(sql.Composed):
         self.params: dict[str, Any] = dict(params)
 
 
+def inline_params(expr: sql.Composable, params: Mapping[str, Any]) -> str:
+    """The SQL text of ``expr`` with every named placeholder replaced by its value, quoted as a
+    literal: what ``pgrag.estimate_rows`` plans for the filter's row estimate. Raises ValueError
+    for a placeholder written into SQL text instead of as a ``sql.Placeholder``."""
+    if isinstance(expr, sql.Composed):
+        return "".join(inline_params(part, params) for part in expr)
+    text = expr.as_string(None)
+    if isinstance(expr, sql.Placeholder):  # "%(name)s"
+        return sql.Literal(params[text[2 : text.index(")")]]).as_string(None)
+    if isinstance(expr, sql.SQL) and "%" in text:
+        raise ValueError(f"cannot inline {text!r}: write its placeholders as sql.Placeholder")
+    return text
+
+
 def operators_for(type_name: str) -> tuple[str, ...]:
     """The operators valid on a metadata key of ``type_name``."""
     if type_name.endswith("[]"):

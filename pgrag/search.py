@@ -3,12 +3,15 @@
 The statement (docs/search.md) is a chain of CTEs:
 
 - ``counted``: how many chunks match the filter, counted up to ``exact_threshold`` (only when
-  there is a filter). It gates the two vector branches, so exactly one of them runs:
-- ``vec_exact``: fewer matching rows than the threshold: every matching vector is compared
-  (an exact scan; ``+ 0`` on the distance keeps the planner off the HNSW index);
-- ``vec_index``: otherwise the HNSW index with pgvector's iterative scan
+  there is a filter, and not when the planner expects ``COUNT_SKIP_FACTOR`` times that many:
+  ``pgrag.estimate_rows``);
+- ``vec_index``: at the threshold or above, the HNSW index with pgvector's iterative scan
   (``hnsw.iterative_scan = relaxed_order``), which keeps walking the graph until enough rows pass
   the filter; materialized and re-sorted because relaxed order may be slightly out of order;
+- ``path``: ``exact`` below the threshold, or when the index came back with fewer than ``kc``
+  rows (it stopped at ``hnsw.max_scan_tuples``); otherwise ``index``;
+- ``vec_exact``: when the path is exact, every matching vector is compared (``+ 0`` on the
+  distance keeps the planner off the HNSW index);
 - ``fts``: ``tsv @@ pgrag.text_query(text, match)`` ranked by ``ts_rank_cd``;
 - ``fused``: reciprocal rank fusion, ``1 / (rrf_k + rank)`` summed over both lists;
 - ``stats``: ``pgrag.doc_type_stats`` of every searched document type with declared statistics,
@@ -39,7 +42,7 @@ from psycopg import sql
 from psycopg.rows import class_row
 
 from pgrag.errors import ConfigError, InvalidFilter, NotMigrated, from_database
-from pgrag.filters import CompiledFilter, compile_filter, union_schema
+from pgrag.filters import CompiledFilter, compile_filter, inline_params, union_schema
 from pgrag.limits import check_names, check_query_vector, check_question
 
 if TYPE_CHECKING:
@@ -56,6 +59,9 @@ DEFAULT_K = 10
 MAX_K = 10_000
 RRF_K = 60
 EXACT_THRESHOLD = 2_000
+# No count when the planner expects this many times exact_threshold matching rows (the index
+# runs; an exact scan still follows if the index comes back short).
+COUNT_SKIP_FACTOR = 5
 FTS_LIMIT = 10_000
 MIN_EF_SEARCH = 40
 MIN_MAX_SCAN_TUPLES = 20_000
@@ -148,7 +154,7 @@ def _vector_ctes(where: sql.Composable, has_filter: bool) -> sql.Composed:
     if not has_filter:
         return sql.SQL(
             """
-counted as (select null::bigint as n),
+path as (select 'index'::text as scan),
 vec as (
     select u.id, u.distance, row_number() over (order by u.distance, u.id)::integer as rank
     from (select c.id, c.embedding <=> (select v from q) as distance
@@ -159,26 +165,33 @@ vec as (
     return sql.SQL(
         """
 counted as materialized (
-    select count(*) as n
-    from (select from pgrag.chunks c
-          where {where} and c.embedding is not null
-          limit %(exact_threshold)s) s),
-vec_exact as (
-    select c.id, c.embedding <=> (select v from q) as distance
-    from pgrag.chunks c
-    where {where} and c.embedding is not null
-      and (select n from counted) < %(exact_threshold)s
-    order by (c.embedding <=> (select v from q)) + 0, c.id
-    limit %(kc)s),
+    select case when pgrag.estimate_rows(%(estimate_where)s) >= %(count_skip_rows)s
+                then %(exact_threshold)s::bigint
+                else (select count(*)
+                      from (select from pgrag.chunks c
+                            where {where} and c.embedding is not null
+                            limit %(exact_threshold)s) s) end as n),
 vec_index as materialized (
     select c.id, c.embedding <=> (select v from q) as distance
     from pgrag.chunks c
     where {where} and (select n from counted) >= %(exact_threshold)s
     order by c.embedding <=> (select v from q)
     limit %(kc)s),
+path as materialized (
+    select case when (select n from counted) >= %(exact_threshold)s
+                 and (select count(*) from vec_index) >= %(kc)s
+                then 'index' else 'exact' end as scan),
+vec_exact as (
+    select c.id, c.embedding <=> (select v from q) as distance
+    from pgrag.chunks c
+    where {where} and c.embedding is not null and (select scan from path) = 'exact'
+    order by (c.embedding <=> (select v from q)) + 0, c.id
+    limit %(kc)s),
 vec as (
     select u.id, u.distance, row_number() over (order by u.distance, u.id)::integer as rank
-    from (select * from vec_exact union all select * from vec_index) u),"""
+    from (select * from vec_exact
+          union all
+          select * from vec_index where (select scan from path) = 'index') u),"""
     ).format(where=where)
 
 
@@ -268,13 +281,7 @@ def build_statement(req: SearchRequest) -> sql.Composed:
         parts.append(_text_ctes(req.where))
     parts.append(_FUSED[req.mode])
     parts.append(_stats_cte(req))
-    scan = (
-        sql.SQL("'text'::text")
-        if req.mode == "text"
-        else sql.SQL(
-            "case when (select n from counted) < %(exact_threshold)s then 'exact' else 'index' end"
-        )
-    )
+    scan = sql.SQL("'text'::text" if req.mode == "text" else "(select scan from path)")
     parts.append(
         sql.SQL(
             """
@@ -370,9 +377,14 @@ def make_request(
     if doc_types is not None:
         if not doc_types:
             raise ConfigError("doc_types is empty: pass None to search every document type")
-        where = sql.SQL("({}) and {} = any(%(doc_types)s::text[])").format(compiled, DOC_TYPE)
+        where = sql.SQL("({}) and {} = any({}::text[])").format(
+            compiled, DOC_TYPE, sql.Placeholder("doc_types")
+        )
         has_filter = True
     params.update(compiled.params)
+    if has_filter and mode != "text":
+        params["estimate_where"] = inline_params(where, params)
+        params["count_skip_rows"] = COUNT_SKIP_FACTOR * exact_threshold
     return SearchRequest(
         mode=mode,
         has_filter=has_filter,

@@ -100,6 +100,74 @@ def test_filtered_search_returns_k_rows_with_recall(synthetic_url: str, label: s
         assert np.mean(bare_counts) < 10
 
 
+def _explain(conn: psycopg.Connection[Any], req: s.SearchRequest) -> str:
+    stmt = psycopg.sql.SQL("explain (analyze, costs off) ") + s.build_statement(req)
+    return "\n".join(r[0] for r in conn.execute(stmt, req.params, prepare=False).fetchall())
+
+
+def _vector_request(q: Any, flt: dict[str, Any], **kw: Any) -> s.SearchRequest:
+    args: dict[str, Any] = {
+        "mode": "vector",
+        "text": None,
+        "vector": q,
+        "model": None,
+        "filter": flt,
+        "schema": SCHEMA,
+        "doc_types": None,
+        "k": 10,
+        "stats": False,
+        "match": "all",
+        "candidates": None,
+        "ef_search": None,
+        "exact_threshold": s.EXACT_THRESHOLD,
+        "rrf_k": s.RRF_K,
+        "fts_limit": s.FTS_LIMIT,
+    }
+    return s.make_request(**(args | kw))
+
+
+def test_a_filter_the_planner_expects_to_be_large_is_not_counted(synthetic_url: str) -> None:
+    q = _queries(1)[0]
+    with psycopg.connect(synthetic_url) as conn:
+        est = conn.execute(
+            "select pgrag.estimate_rows($$c.metadata @> '{\"p10\": true}'::jsonb$$)"
+        ).fetchone()
+        assert est is not None and 1_000 <= est[0] <= 4_000  # 2,000 rows match
+        # 10% of 20,000 = 2,000 rows: counted at threshold 1,000 (estimate < 5 x 1,000) ...
+        plan = _explain(conn, _vector_request(q, {"p10": True}, exact_threshold=1_000))
+        assert "Bitmap Heap Scan" in plan.split("CTE vec_index")[0]
+        assert "(never executed)" not in plan.split("CTE vec_index")[0]
+        # ... not counted at threshold 200 (estimate >= 5 x 200): the index runs at once
+        plan = _explain(conn, _vector_request(q, {"p10": True}, exact_threshold=200))
+        counted = plan.split("CTE counted")[1].split("CTE vec_index")[0]
+        assert "(never executed)" in counted and "Index Scan using chunks_embedding_hnsw" in plan
+        with pytest.raises(psycopg.errors.InvalidCursorDefinition, match="multi-query"):
+            conn.execute("select pgrag.estimate_rows('true; select 1')")
+
+
+def test_an_index_scan_that_comes_back_short_falls_back_to_the_exact_scan(
+    synthetic_url: str,
+) -> None:
+    """With too few tuples allowed (hnsw.max_scan_tuples), the iterative scan stops before k
+    rows pass a 1% filter: the statement then compares every matching vector. (Bitmap scans
+    off: on 20,000 rows the planner would rather sort the 200 matches than use the index.)"""
+    qs = _queries(5)
+    with psycopg.connect(synthetic_url) as conn:
+        for q in qs:
+            req = _vector_request(q, {"p1": True}, exact_threshold=1)  # the index first
+            conn.execute("set local enable_bitmapscan = off")
+            conn.execute(s.SETTINGS, req.params | {"max_scan_tuples": "50"})
+            rows = conn.execute(s.build_statement(req), req.params).fetchall()
+            conn.rollback()
+            assert [r[-2] for r in rows] == ["exact"] * 10
+            assert [r[0] for r in rows] == _exact(conn, q, {"p1": True})
+            conn.execute("set local enable_bitmapscan = off")
+            conn.execute(s.SETTINGS, req.params)  # enough tuples: the index finds them
+            rows = conn.execute(s.build_statement(req), req.params).fetchall()
+            conn.rollback()
+            assert len(rows) == 10 and rows[0][-2] == "index"
+
+
 def test_sql_functions_equal_python_for_containment_filters(synthetic_url: str) -> None:
     qs = _queries(4)
     with psycopg.connect(synthetic_url) as conn:

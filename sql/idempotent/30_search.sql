@@ -151,11 +151,37 @@ $$;
 comment on function pgrag.context(bigint, integer) is
     'A chunk with its parent, its children and its siblings (up to max_children each)';
 
+create or replace function pgrag.estimate_rows(condition text)
+returns double precision
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+-- The planner's estimate of the chunks (alias c) matching `condition`, a boolean SQL expression
+-- with its values written as literals: `EXPLAIN` plans it without running it (about 0.1 ms).
+-- The search statements use it to skip counting the matches of a filter the planner expects to
+-- match many rows. One statement only (pgrag.check_one_statement); planning may evaluate
+-- immutable functions with constant arguments, as the calling role.
+declare
+    query text := 'select from pgrag.chunks c where ' || condition;
+    plan json;
+begin
+    perform pgrag.check_one_statement(query);
+    execute 'explain (format json) ' || query into plan;
+    return (plan -> 0 -> 'Plan' ->> 'Plan Rows')::double precision;
+end
+$$;
+
+comment on function pgrag.estimate_rows(text) is
+    'The planner''s estimate of the chunks (alias c) matching a condition with literal values';
+
 -- The one statement behind search, hybrid_search and text_search (and the shape pgrag/search.py
 -- builds). mode: vector, hybrid or text.
---   vec_exact / vec_index: gated on `counted` (the filter's matching rows, counted up to
---   exact_threshold): a filter matching fewer rows is searched exactly (every matching vector),
---   otherwise the HNSW index runs with an iterative scan until k candidates pass the filter.
+--   counted: the filter's matching rows, counted up to exact_threshold; not counted (taken as
+--   exact_threshold) when the planner expects 5 x exact_threshold or more (pgrag.estimate_rows).
+--   vec_index: at exact_threshold or more, the HNSW index with an iterative scan until kc
+--   candidates pass the filter. path: exact when fewer rows match, or when the index came back
+--   with fewer than kc rows (max_scan_tuples reached); vec_exact then compares every matching
+--   vector.
 --   fts: full-text matches ranked by ts_rank_cd (the first fts_limit matching rows).
 --   fused: reciprocal rank fusion, 1 / (rrf_k + rank) summed over the two lists.
 create or replace function pgrag.run_search(
@@ -187,6 +213,7 @@ declare
     vs name;
     op text;
     where_sql text := 'true';
+    estimate_sql text := 'true';  -- where_sql with literal values, for pgrag.estimate_rows
     has_filter boolean := filter is not null or doc_types is not null;
     kc integer;
     stmt text;
@@ -227,9 +254,11 @@ begin
     op := format('OPERATOR(%I.<=>)', vs);
     if filter is not null then
         where_sql := where_sql || ' and c.metadata @> $5';
+        estimate_sql := estimate_sql || format(' and c.metadata @> %L::jsonb', filter);
     end if;
     if doc_types is not null then
         where_sql := where_sql || ' and c.doc_type = any($6)';
+        estimate_sql := estimate_sql || format(' and c.doc_type = any(%L::text[])', doc_types);
     end if;
     -- No ef_search given: at least the database default `pgrag tune` stored (pgrag/tune.py).
     perform set_config('hnsw.ef_search',
@@ -246,27 +275,34 @@ begin
         if has_filter then
             stmt := stmt || format($f$
 counted as materialized (
-    select count(*) as n
-    from (select from pgrag.chunks c where %1$s and c.embedding is not null limit $10) s),
-vec_exact as (
-    select c.id, c.embedding %2$s $3 as distance
-    from pgrag.chunks c
-    where %1$s and c.embedding is not null and (select n from counted) < $10
-    order by (c.embedding %2$s $3) + 0, c.id
-    limit $8),
+    select case when pgrag.estimate_rows(%3$L) >= 5 * $10 then $10::bigint
+                else (select count(*)
+                      from (select from pgrag.chunks c
+                            where %1$s and c.embedding is not null limit $10) s) end as n),
 vec_index as materialized (
     select c.id, c.embedding %2$s $3 as distance
     from pgrag.chunks c
     where %1$s and (select n from counted) >= $10
     order by c.embedding %2$s $3
     limit $8),
+path as materialized (
+    select case when (select n from counted) >= $10 and (select count(*) from vec_index) >= $8
+                then 'index' else 'exact' end as scan),
+vec_exact as (
+    select c.id, c.embedding %2$s $3 as distance
+    from pgrag.chunks c
+    where %1$s and c.embedding is not null and (select scan from path) = 'exact'
+    order by (c.embedding %2$s $3) + 0, c.id
+    limit $8),
 vec as (
     select u.id, u.distance, row_number() over (order by u.distance, u.id)::integer as rank
-    from (select * from vec_exact union all select * from vec_index) u),
-$f$, where_sql, op);
+    from (select * from vec_exact
+          union all
+          select * from vec_index where (select scan from path) = 'index') u),
+$f$, where_sql, op, estimate_sql);
         else
             stmt := stmt || format($f$
-counted as (select null::bigint as n),
+path as (select 'index'::text as scan),
 vec_index as materialized (
     select c.id, c.embedding %1$s $3 as distance
     from pgrag.chunks c
@@ -325,8 +361,7 @@ from fused f
 join pgrag.chunks c on c.id = f.id
 left join pgrag.chunks p on p.id = c.parent_id
 order by f.score desc, f.id
-$f$, case when mode = 'text' then '''text''::text'
-          else 'case when (select n from counted) < $10 then ''exact'' else ''index'' end' end);
+$f$, case when mode = 'text' then '''text''::text' else '(select scan from path)' end);
     return query execute stmt
         using mode, query_text, query_embedding, k, filter, doc_types, match, kc, ef_search,
               exact_threshold, rrf_k, fts_limit;
