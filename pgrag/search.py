@@ -12,7 +12,8 @@ The statement (docs/search.md) is a chain of CTEs:
   rows (it stopped at ``hnsw.max_scan_tuples``); otherwise ``index``;
 - ``vec_exact``: when the path is exact, every matching vector is compared (``+ 0`` on the
   distance keeps the planner off the HNSW index);
-- ``fts``: ``tsv @@ pgrag.text_query(text, match)`` ranked by ``ts_rank_cd``;
+- ``fts``: ``tsv @@ pgrag.search_tsquery(text, match, pgrag.common_lexemes())`` ranked by
+  ``ts_rank_cd`` (``match = any`` leaves out the words in most chunks of a large store);
 - ``fused``: reciprocal rank fusion, ``1 / (rrf_k + rank)`` summed over both lists;
 - ``stats``: ``pgrag.doc_type_stats`` of every searched document type with declared statistics,
   over *every* chunk matching the filter (not the top k), plus the embedder check;
@@ -198,7 +199,7 @@ vec as (
 def _text_ctes(where: sql.Composable) -> sql.Composed:
     return sql.SQL(
         """
-tq as materialized (select pgrag.text_query(%(text)s, %(match)s) as q),
+tq as materialized (select pgrag.search_tsquery(%(text)s, %(match)s, pgrag.common_lexemes()) as q),
 fts_rows as (
     select c.id, c.tsv
     from pgrag.chunks c

@@ -168,6 +168,33 @@ def test_an_index_scan_that_comes_back_short_falls_back_to_the_exact_scan(
             assert len(rows) == 10 and rows[0][-2] == "index"
 
 
+def test_words_in_most_chunks_of_a_large_store_are_left_out_of_any_word_search(
+    synthetic_url: str,
+) -> None:
+    """Every chunk says "chunk": in a store of at least min_rows chunks, after ANALYZE, an
+    any-word search drops it (ranking it would read every row), and keeps the rare words."""
+    q = _queries(1)[0]
+    with psycopg.connect(synthetic_url) as conn:
+        common = conn.execute("select pgrag.common_lexemes(0.05, 1000)").fetchone()
+        assert common is not None and "chunk" in common[0] and "item3" not in common[0]
+        assert conn.execute("select pgrag.common_lexemes(0.05, 1000000)").fetchone() == ([],)
+        tsq = conn.execute(
+            "select pgrag.search_tsquery('chunks about item3', 'any', %s)", (common[0],)
+        ).fetchone()
+        assert tsq == ("'item3'",)
+        none = conn.execute(
+            "select pgrag.search_tsquery('chunks', 'any', %s)", (common[0],)
+        ).fetchone()
+        assert none == (None,)
+        # `all` is the user's own web search syntax: nothing dropped
+        assert conn.execute(
+            "select pgrag.search_tsquery('chunks', 'all', %s)", (common[0],)
+        ).fetchone() == ("'chunk'",)
+        res = s.search(conn, "chunks about item3", vector=q, model="synthetic", schema=SCHEMA)
+        texts = [h.text for h in res.hits if h.text_rank is not None]
+        assert texts and all("item3 " in t for t in texts)
+
+
 def test_sql_functions_equal_python_for_containment_filters(synthetic_url: str) -> None:
     qs = _queries(4)
     with psycopg.connect(synthetic_url) as conn:

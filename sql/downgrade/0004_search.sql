@@ -8,4 +8,7 @@ drop function if exists pgrag.declare_stats(text, text);
 drop function if exists pgrag.doc_type_stats(text, bigint[]);
 drop function if exists pgrag.run_search(text, text, vector, integer, jsonb, text[], text, integer, integer, integer, integer, integer);
 drop function if exists pgrag.text_query(text, text);
+drop function if exists pgrag.search_tsquery(text, text, text[]);
+drop function if exists pgrag.common_lexemes(real, bigint);
+drop function if exists pgrag.estimate_rows(text);
 drop table pgrag.doc_stats;

@@ -12,7 +12,39 @@
 -- pgvector's operators live in the extension's schema, which the fixed search path does not
 -- hold: the statements are built with format() and OPERATOR(<schema>.<=>).
 
-create or replace function pgrag.text_query(query_text text, match text default 'all')
+create or replace function pgrag.common_lexemes(min_fraction real default 0.05,
+                                                min_rows bigint default 20000)
+returns text[]
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+-- The lexemes in at least min_fraction of the chunks and in at least min_rows of them, from
+-- the planner's statistics of pgrag.chunks.tsv (ANALYZE; none before it). A search for any of
+-- a question's words drops these: at 1,000,000 chunks a word like "order" that is in most of
+-- them reads a posting list of hundreds of thousands of rows and ranks them, for a word that
+-- tells no chunk from another. Small stores (fewer than min_rows chunks) drop nothing. pg_stats
+-- shows no statistics to a role under row-level security, which then drops nothing either.
+begin
+    if (select c.reltuples from pg_class c where c.oid = 'pgrag.chunks'::regclass)
+       < min_rows then
+        return '{}';
+    end if;
+    return (select coalesce(array_agg(u.e order by u.e), '{}')
+            from pg_stats s
+            cross join lateral unnest(s.most_common_elems::text::text[],
+                                      s.most_common_elem_freqs) as u(e, f)
+            where s.schemaname = 'pgrag' and s.tablename = 'chunks' and s.attname = 'tsv'
+              and u.e is not null and u.f >= min_fraction
+              and u.f * (select c.reltuples from pg_class c
+                         where c.oid = 'pgrag.chunks'::regclass) >= min_rows);
+end
+$$;
+
+comment on function pgrag.common_lexemes(real, bigint) is
+    'Lexemes in at least min_fraction and min_rows of the chunks (pg_stats of chunks.tsv)';
+
+create or replace function pgrag.search_tsquery(query_text text, match text,
+                                                common_lexemes text[])
 returns tsquery
 language plpgsql stable parallel safe security invoker
 set search_path = pg_catalog, pg_temp
@@ -22,16 +54,30 @@ begin
         -- web search syntax: words all required, "quoted phrases", or, -negation
         return websearch_to_tsquery('english'::regconfig, query_text);
     elsif match = 'any' then
-        -- any of the question's words (stemmed, stop words dropped): for natural-language
-        -- questions, where requiring every word usually matches nothing
+        -- any of the question's words (stemmed, stop words dropped) but the common ones
+        -- (pgrag.common_lexemes): for natural-language questions, where requiring every word
+        -- usually matches nothing. NULL (no match at all) when every word is common.
         return (select string_agg(quote_literal(l), ' | ' order by l)::tsquery
-                from unnest(tsvector_to_array(to_tsvector('english'::regconfig, query_text))) l);
+                from unnest(tsvector_to_array(to_tsvector('english'::regconfig, query_text))) l
+                where common_lexemes is null or l <> all(common_lexemes));
     end if;
     raise exception using
         errcode = 'PR006',
         message = format('text match %L is not all or any', match),
         hint = 'use match => ''all'' (every word, web search syntax) or ''any'' (any word)';
 end
+$$;
+
+comment on function pgrag.search_tsquery(text, text, text[]) is
+    'The tsquery of a search text: all = websearch_to_tsquery (every word), any = any word '
+    'but the given common lexemes';
+
+create or replace function pgrag.text_query(query_text text, match text default 'all')
+returns tsquery
+language sql stable parallel safe security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+    select pgrag.search_tsquery(query_text, match, null)
 $$;
 
 comment on function pgrag.text_query(text, text) is
@@ -316,7 +362,7 @@ $f$, op);
     end if;
     if mode <> 'vector' then
         stmt := stmt || format($f$
-tq as materialized (select pgrag.text_query($2, $7) as q),
+tq as materialized (select pgrag.search_tsquery($2, $7, pgrag.common_lexemes()) as q),
 fts_rows as (
     select c.id, c.tsv
     from pgrag.chunks c
