@@ -8,8 +8,12 @@ server) and each filter selectivity (100%, 10%, 1%, 0.1%), side by side in one r
   p50 / p95 / p99 latency;
 - pgrag's filtered vector search with its defaults (and ``pgrag tune``'s stored ef_search, if
   any): the same columns plus the scan it chose;
-- the end-to-end stage breakdown at the 1% filter: question embedding (default model, cold
-  query cache), the search statement, rerank (pass-through unless a cross-encoder is set).
+- at each filter, the full hybrid statement with exact statistics, and the end-to-end stage
+  breakdown: question embedding (default model, cold query cache), that statement, rerank
+  (pass-through unless a cross-encoder is set).
+
+The index and the table are prewarmed into shared_buffers first (``pg_prewarm``), and the
+report says how large they and shared_buffers are.
 
 Exact search (the index disabled) is the ground truth. Writes ``search-sweep.md`` and one PNG
 per size into the output directory (``docs/`` by default).
@@ -54,6 +58,16 @@ _SETTINGS: LiteralString = (
     "set_config('hnsw.iterative_scan', %(it)s, true)"
 )
 
+_MEMORY: LiteralString = (
+    "select current_setting('shared_buffers'), "
+    "pg_size_pretty(pg_relation_size('pgrag.chunks_embedding_hnsw')), "
+    "pg_size_pretty(pg_table_size('pgrag.chunks'))"
+)
+_PREWARM: LiteralString = (
+    "select pg_prewarm('pgrag.chunks_embedding_hnsw'::regclass), "
+    "pg_prewarm('pgrag.chunks'::regclass)"
+)
+
 Progress = Callable[[str, int, int], None]
 
 
@@ -80,8 +94,10 @@ class SizeReport:
     queries: int
     k: int
     results: tuple[Row, ...]
-    stages: dict[str, dict[str, float]] = field(default_factory=dict)
+    # filter -> stage -> percentile (stage_breakdown), one entry per selectivity
+    stages: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     embedder: str = ""
+    memory: str = ""  # shared_buffers, index and table sizes, whether they were prewarmed
     load_seconds: float | None = None
     index: str = ""  # the HNSW build parameters
     load_average: tuple[float, float] = (0.0, 0.0)  # 1-minute load average, before and after
@@ -158,6 +174,23 @@ def bare(
         return (time.perf_counter() - t) * 1000, ids
 
 
+def prewarm(conn: psycopg.Connection[Any]) -> str:
+    """Load the HNSW index and the chunks into shared_buffers (pg_prewarm, when the role may
+    create it), as a server that has been serving searches has them; says what it did."""
+    row = conn.execute(_MEMORY).fetchone()
+    assert row is not None
+    facts = f"shared_buffers {row[0]}, HNSW index {row[1]}, chunks table {row[2]}"
+    try:
+        with conn.transaction():
+            conn.execute("create extension if not exists pg_prewarm")
+            conn.execute(_PREWARM).fetchone()
+    except psycopg.Error as exc:
+        conn.rollback()
+        return f"{facts}; not prewarmed ({str(exc).splitlines()[0]})"
+    conn.commit()
+    return f"{facts}; both prewarmed into shared_buffers (pg_prewarm) before the run"
+
+
 def sweep_size(
     url: str,
     *,
@@ -178,6 +211,7 @@ def sweep_size(
         n = synthetic.loaded(conn)
         idx = conn.execute(_INDEX_OPTIONS).fetchone()
         conn.rollback()
+        memory = prewarm(conn)
         steps = len(synthetic.SELECTIVITIES) * (1 + 2 * len(ef_values) + 1)
         done = 0
         for label, flt in synthetic.SELECTIVITIES.items():
@@ -219,7 +253,10 @@ def sweep_size(
             if progress:
                 progress(f"{n:,} chunks", done, steps)
     index = ", ".join(idx[0]) if idx and idx[0] else "m=16, ef_construction=64"
-    name, breakdown = stage_breakdown(url, queries, k) if stages else ("", {})
+    name, breakdown = "", {}
+    if stages:
+        for label, flt in synthetic.SELECTIVITIES.items():
+            name, breakdown[label] = stage_breakdown(url, queries, k, flt)
     return SizeReport(
         rows=n,
         queries=queries,
@@ -228,30 +265,58 @@ def sweep_size(
         stages=breakdown,
         embedder=name,
         index=index,
+        memory=memory,
         load_average=(round(load_before, 1), round(os.getloadavg()[0], 1)),
     )
 
 
-def stage_breakdown(url: str, queries: int, k: int) -> tuple[str, dict[str, dict[str, float]]]:
-    """Question → embedding (cold) → search statement → rerank, at the 1% filter."""
+def stage_breakdown(
+    url: str, queries: int, k: int, flt: dict[str, Any] | None = None
+) -> tuple[str, dict[str, dict[str, float]]]:
+    """The full search at one filter (default 1%): the hybrid statement with exact statistics
+    on in-distribution query vectors (``statement``), then end to end, question → embedding
+    (default model, cold query cache) → the same statement → rerank."""
     from pgrag.embed.base import get_embedder
     from pgrag.rerank import Reranker
     from pgrag.search import search
 
+    flt = {"p1": True} if flt is None else flt
     embedder = get_embedder(None)
     embedder.embed(["warm up the model"])  # loading the model is not a query's cost
     reranker = Reranker()
-    per: dict[str, list[float]] = {"embed": [], "search": [], "rerank": [], "total": []}
+    qvecs, qtexts = synthetic.queries(queries)
+    per: dict[str, list[float]] = {
+        "statement": [],
+        "embed": [],
+        "search": [],
+        "rerank": [],
+        "total": [],
+    }
     stamp = time.time_ns()
     with psycopg.connect(url) as conn:
         register_vector(conn)
+        synthetic.declare_stats(conn)
+        conn.commit()
         for i in range(queries):
-            question = f"sweep {stamp} {i}: which chunks are about topic {i % 200}?"
+            question = f"which chunks are about {qtexts[i]}? (sweep {stamp} {i})"
+            t = time.perf_counter()
+            search(
+                conn,
+                question,
+                vector=qvecs[i],
+                model="synthetic",
+                filter=flt,
+                k=k,
+                stats=True,
+                schema=synthetic.SCHEMA,
+            )
+            per["statement"].append((time.perf_counter() - t) * 1000)
+            conn.rollback()
             t = time.perf_counter()
             vec = embedder.embed([question])[0]  # never asked before: the cache is cold
             e = (time.perf_counter() - t) * 1000
             res = search(
-                conn, question, vector=vec, filter={"p1": True}, k=k, schema=synthetic.SCHEMA
+                conn, question, vector=vec, filter=flt, k=k, stats=True, schema=synthetic.SCHEMA
             )
             conn.rollback()
             s = (time.perf_counter() - t) * 1000 - e
@@ -323,7 +388,8 @@ def markdown(reports: Sequence[SizeReport], command: str, stem: str = "search-sw
             "",
             f"HNSW index: {rep.index}. Machine load average (1 min) "
             f"{rep.load_average[0]:g} before, {rep.load_average[1]:g} after "
-            f"({os.cpu_count()} CPUs): latencies are this machine's under that load."
+            f"({os.cpu_count()} CPUs): latencies are this machine's under that load. "
+            f"Memory: {rep.memory}."
             + (f" Load and index build: {rep.load_seconds:.0f} s." if rep.load_seconds else ""),
             "",
             f"![recall and p95 latency at {rep.rows:,} chunks](img/{stem}-{rep.rows}.png)",
@@ -342,13 +408,23 @@ def markdown(reports: Sequence[SizeReport], command: str, stem: str = "search-sw
         if rep.stages:
             out += [
                 "",
-                f"End to end at the 1% filter ({rep.embedder}; cold query cache):",
+                "The full search at each filter: `statement` is the hybrid statement with exact "
+                "statistics (`search(mode='hybrid', stats=True)`: filter, HNSW, full text, fusion, "
+                "the declared statistics over every matching chunk) on in-distribution query "
+                f"vectors; then end to end with {rep.embedder}, the query cache cold: embed, the "
+                "same statement (`search`), rerank, total. Milliseconds.",
                 "",
-                "| stage | p50 | p95 | p99 |",
-                "|---|---:|---:|---:|",
+                "| filter | statement p50 | statement p95 | embed p50 | embed p95 | search p95 "
+                "| total p50 | total p95 | total p99 |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
             ]
-            for stage, v in rep.stages.items():
-                out.append(f"| {stage} | {v['p50']:.2f} | {v['p95']:.2f} | {v['p99']:.2f} |")
+            for label, st in rep.stages.items():
+                out.append(
+                    f"| {label} | {st['statement']['p50']:.2f} | {st['statement']['p95']:.2f} "
+                    f"| {st['embed']['p50']:.2f} | {st['embed']['p95']:.2f} "
+                    f"| {st['search']['p95']:.2f} | {st['total']['p50']:.2f} "
+                    f"| {st['total']['p95']:.2f} | {st['total']['p99']:.2f} |"
+                )
         out.append("")
     return "\n".join(out)
 

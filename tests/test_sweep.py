@@ -43,14 +43,16 @@ def test_sweep_reports_every_configuration_and_writes_markdown_and_plot(
     assert (tmp_path / "img" / "x.png").read_bytes()[:4] == b"\x89PNG"
     md = sweep.markdown([rep], "pgrag bench search --rows 3000")
     assert "| 10% | pgvector | 40 | yes |" in md and "| 10% | pgrag | pgrag | yes |" in md
+    assert "prewarmed into shared_buffers" in rep.memory and rep.memory in md
 
 
 def test_stage_breakdown_times_embed_search_and_rerank(db_url: str) -> None:
     synthetic.load(db_url, 1_000, quiet=True)
-    name, stages = sweep.stage_breakdown(db_url, queries=3, k=5)
+    name, stages = sweep.stage_breakdown(db_url, queries=3, k=5, flt={"p10": True})
     assert "pass-through" in name
-    assert set(stages) == {"embed", "search", "rerank", "total"}
+    assert set(stages) == {"statement", "embed", "search", "rerank", "total"}
     assert stages["embed"]["p50"] > 0 and stages["total"]["p95"] >= stages["search"]["p50"]
+    assert stages["statement"]["p50"] > 0
 
 
 def test_cli_bench_search_writes_into_the_output_directory(pg_server: Any, tmp_path: Path) -> None:
