@@ -2,21 +2,23 @@
 
 The statement (docs/search.md) is a chain of CTEs:
 
-- ``counted``: how many chunks match the filter, counted up to ``exact_threshold`` (only when
-  there is a filter, and not when the planner expects ``COUNT_SKIP_FACTOR`` times that many:
-  ``pgrag.estimate_rows``);
+- ``matched``: the chunks matching the filter with their distances, up to ``exact_threshold``
+  of them (only when there is a filter, and not when the planner expects ``COUNT_SKIP_FACTOR``
+  times that many: ``pgrag.estimate_rows``); ``counted``: how many;
 - ``vec_index``: at the threshold or above, the HNSW index with pgvector's iterative scan
   (``hnsw.iterative_scan = relaxed_order``), which keeps walking the graph until enough rows pass
   the filter; materialized and re-sorted because relaxed order may be slightly out of order;
 - ``path``: ``exact`` below the threshold, or when the index came back with fewer than ``kc``
   rows (it stopped at ``hnsw.max_scan_tuples``); otherwise ``index``;
-- ``vec_exact``: when the path is exact, every matching vector is compared (``+ 0`` on the
-  distance keeps the planner off the HNSW index);
+- ``vec_exact``: when the path is exact, every matching vector is compared: those of
+  ``matched`` when it holds them all (one pass over the filter's rows), else all over again
+  (``+ 0`` on the distance keeps the planner off the HNSW index);
 - ``fts``: ``tsv @@ pgrag.search_tsquery(text, match, pgrag.common_lexemes())`` ranked by
   ``ts_rank_cd`` (``match = any`` leaves out the words in most chunks of a large store);
 - ``fused``: reciprocal rank fusion, ``1 / (rrf_k + rank)`` summed over both lists;
 - ``stats``: ``pgrag.doc_type_stats`` of every searched document type with declared statistics,
-  over *every* chunk matching the filter (not the top k), plus the embedder check;
+  over *every* chunk matching the filter (not the top k; ``pgrag.doc_type_stats_where``, one
+  pass over them), plus the embedder check;
 - the final SELECT joins each hit to its chunk and its parent chunk.
 
 The per-query HNSW settings go through ``set_config(..., true)`` in the same transaction and
@@ -165,13 +167,16 @@ vec as (
         ).format()
     return sql.SQL(
         """
+est as materialized (
+    select pgrag.estimate_rows(%(filter_sql)s) >= %(count_skip_rows)s as skip),
+matched as materialized (
+    select c.id, c.embedding <=> (select v from q) as distance
+    from pgrag.chunks c
+    where {where} and c.embedding is not null and not (select skip from est)
+    limit %(exact_threshold)s),
 counted as materialized (
-    select case when pgrag.estimate_rows(%(estimate_where)s) >= %(count_skip_rows)s
-                then %(exact_threshold)s::bigint
-                else (select count(*)
-                      from (select from pgrag.chunks c
-                            where {where} and c.embedding is not null
-                            limit %(exact_threshold)s) s) end as n),
+    select case when (select skip from est) then %(exact_threshold)s::bigint
+                else (select count(*) from matched) end as n),
 vec_index as materialized (
     select c.id, c.embedding <=> (select v from q) as distance
     from pgrag.chunks c
@@ -183,11 +188,18 @@ path as materialized (
                  and (select count(*) from vec_index) >= %(kc)s
                 then 'index' else 'exact' end as scan),
 vec_exact as (
-    select c.id, c.embedding <=> (select v from q) as distance
-    from pgrag.chunks c
-    where {where} and c.embedding is not null and (select scan from path) = 'exact'
-    order by (c.embedding <=> (select v from q)) + 0, c.id
-    limit %(kc)s),
+    (select m.id, m.distance
+     from matched m
+     where (select n from counted) < %(exact_threshold)s
+     order by m.distance, m.id
+     limit %(kc)s)
+    union all
+    (select c.id, c.embedding <=> (select v from q) as distance
+     from pgrag.chunks c
+     where {where} and c.embedding is not null
+       and (select n from counted) >= %(exact_threshold)s and (select scan from path) = 'exact'
+     order by (c.embedding <=> (select v from q)) + 0, c.id
+     limit %(kc)s)),
 vec as (
     select u.id, u.distance, row_number() over (order by u.distance, u.id)::integer as rank
     from (select * from vec_exact
@@ -263,20 +275,18 @@ def _stats_cte(req: SearchRequest) -> sql.Composed:
         """
 guard as materialized (select {guard} as ok),
 stats as (
-    select coalesce(jsonb_object_agg(s.doc_type, pgrag.doc_type_stats(
-               s.doc_type,
-               array(select c.id from pgrag.chunks c
-                     where c.doc_type = s.doc_type and {where}))), '{{}}'::jsonb) as stats
+    select coalesce(jsonb_object_agg(s.doc_type, pgrag.doc_type_stats_where(
+               s.doc_type, %(filter_sql)s)), '{{}}'::jsonb) as stats
     from pgrag.doc_stats s cross join guard
     {doc_types}),"""
-    ).format(guard=guard, where=req.where, doc_types=doc_types)
+    ).format(guard=guard, doc_types=doc_types)
 
 
 def build_statement(req: SearchRequest) -> sql.Composed:
     """The one search statement for ``req`` (no I/O). Parameters: ``req.params``."""
     parts: list[sql.Composable] = [sql.SQL("with")]
     if req.mode != "text":
-        parts.append(sql.SQL("\nq as materialized (select %(qvec)s::real[]::vector as v),"))
+        parts.append(sql.SQL("\nq as materialized (select %(qvec)s::text::vector as v),"))
         parts.append(_vector_ctes(req.where, req.has_filter))
     if req.mode != "vector":
         parts.append(_text_ctes(req.where))
@@ -366,7 +376,8 @@ def make_request(
                 "embedder, or search with mode='text'"
             )
         arr = check_query_vector(vector)
-        params["qvec"] = arr.tolist()
+        # pgvector's text form: a list of floats is dumped element by element, 10x slower
+        params["qvec"] = "[" + ",".join(map(repr, arr.tolist())) + "]"
         params["dim"] = int(arr.size)
     if mode != "vector" and not (text and text.strip()):
         raise ConfigError(f"a {mode} search needs a search text: pass the question")
@@ -383,9 +394,10 @@ def make_request(
         )
         has_filter = True
     params.update(compiled.params)
-    if has_filter and mode != "text":
-        params["estimate_where"] = inline_params(where, params)
-        params["count_skip_rows"] = COUNT_SKIP_FACTOR * exact_threshold
+    # the filter as SQL text with literal values, for the planner's estimate and the statistics
+    # (pgrag.estimate_rows, pgrag.doc_type_stats_where): values quoted by psycopg
+    params["filter_sql"] = inline_params(where, params)
+    params["count_skip_rows"] = COUNT_SKIP_FACTOR * exact_threshold
     return SearchRequest(
         mode=mode,
         has_filter=has_filter,
@@ -776,14 +788,13 @@ def declare_stats(conn: psycopg.Connection[Any], doc_type: str, stats_sql: str |
         raise _database_error(exc) from exc
 
 
-def build_stats_statement(where: sql.Composable) -> sql.Composed:
-    """Exact statistics of every chunk matching ``where`` (alias c), per document type."""
-    return sql.SQL(
-        "select coalesce(jsonb_object_agg(s.doc_type, pgrag.doc_type_stats(s.doc_type, "
-        "array(select c.id from pgrag.chunks c where c.doc_type = s.doc_type and {where}))), "
-        "'{{}}'::jsonb) from pgrag.doc_stats s "
-        "where %(doc_types)s::text[] is null or s.doc_type = any(%(doc_types)s::text[])"
-    ).format(where=where)
+# Exact statistics of every chunk matching the request's filter, per document type.
+STATS_STATEMENT: LiteralString = (
+    "select coalesce(jsonb_object_agg(s.doc_type, "
+    "pgrag.doc_type_stats_where(s.doc_type, %(filter_sql)s)), '{}'::jsonb) "
+    "from pgrag.doc_stats s "
+    "where %(doc_types)s::text[] is null or s.doc_type = any(%(doc_types)s::text[])"
+)
 
 
 def stats(
@@ -818,7 +829,7 @@ def stats(
             rrf_k=RRF_K,
             fts_limit=FTS_LIMIT,
         )
-        row = target.execute(build_stats_statement(req.where), req.params).fetchone()
+        row = target.execute(STATS_STATEMENT, req.params).fetchone()
     except psycopg.Error as exc:
         raise _database_error(exc) from exc
     return dict(row[0]) if row and row[0] else {}
@@ -852,7 +863,7 @@ __all__ = [
     "SearchResult",
     "asearch",
     "build_statement",
-    "build_stats_statement",
+    "STATS_STATEMENT",
     "context",
     "declare_stats",
     "forget_schemas",

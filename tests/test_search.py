@@ -394,6 +394,20 @@ def test_stats_python_equals_sql_and_counts_every_matching_row(
     res = s.search(shop, "zzzz", filter={"customer_id": 999}, mode="text", stats=True)
     assert res.hits == () and res.stats is not None
     assert res.stats["order_detail"]["order_count"] == 0
+    # one pass over the filter (pgrag.doc_type_stats_where) = the id list of pgrag.stats
+    one_pass = shop.execute(
+        "select pgrag.doc_type_stats_where('order_detail', %s)",
+        ("""c.metadata @> '{"segment": "VIP"}'::jsonb""",),
+    ).fetchone()
+    assert one_pass is not None and one_pass[0] == py["order_detail"]
+    with (
+        pytest.raises(psycopg.errors.InvalidCursorDefinition, match="multi-query"),
+        shop.transaction(),
+    ):
+        shop.execute(
+            "select pgrag.doc_type_stats_where('order_detail', %s)",
+            ("true)) select 1; with hits as (select c.* from pgrag.chunks c where (true",),
+        )
 
 
 def test_invalid_filters_and_stats_declarations_are_one_line_errors(

@@ -52,6 +52,7 @@ begin
     end loop;
 end
 $$;
+drop function pgrag.doc_type_stats_where(text, text);
 drop function pgrag.reader_doc_type_stats(text, bigint[]);
 drop function pgrag.redact_jsonb(jsonb, jsonb, jsonb);
 drop function pgrag.redact_text(text, jsonb, jsonb);

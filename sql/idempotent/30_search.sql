@@ -222,12 +222,13 @@ comment on function pgrag.estimate_rows(text) is
 
 -- The one statement behind search, hybrid_search and text_search (and the shape pgrag/search.py
 -- builds). mode: vector, hybrid or text.
---   counted: the filter's matching rows, counted up to exact_threshold; not counted (taken as
---   exact_threshold) when the planner expects 5 x exact_threshold or more (pgrag.estimate_rows).
+--   matched / counted: the filter's matching rows with their distances, up to exact_threshold,
+--   and how many; skipped (counted as exact_threshold) when the planner expects 5 x
+--   exact_threshold or more (pgrag.estimate_rows).
 --   vec_index: at exact_threshold or more, the HNSW index with an iterative scan until kc
 --   candidates pass the filter. path: exact when fewer rows match, or when the index came back
---   with fewer than kc rows (max_scan_tuples reached); vec_exact then compares every matching
---   vector.
+--   with fewer than kc rows (max_scan_tuples reached); vec_exact then takes matched's rows when
+--   it holds them all, or compares every matching vector again.
 --   fts: full-text matches ranked by ts_rank_cd (the first fts_limit matching rows).
 --   fused: reciprocal rank fusion, 1 / (rrf_k + rank) summed over the two lists.
 create or replace function pgrag.run_search(
@@ -320,11 +321,15 @@ begin
     if mode <> 'text' then
         if has_filter then
             stmt := stmt || format($f$
+est as materialized (select pgrag.estimate_rows(%3$L) >= 5 * $10 as skip),
+matched as materialized (
+    select c.id, c.embedding %2$s $3 as distance
+    from pgrag.chunks c
+    where %1$s and c.embedding is not null and not (select skip from est)
+    limit $10),
 counted as materialized (
-    select case when pgrag.estimate_rows(%3$L) >= 5 * $10 then $10::bigint
-                else (select count(*)
-                      from (select from pgrag.chunks c
-                            where %1$s and c.embedding is not null limit $10) s) end as n),
+    select case when (select skip from est) then $10::bigint
+                else (select count(*) from matched) end as n),
 vec_index as materialized (
     select c.id, c.embedding %2$s $3 as distance
     from pgrag.chunks c
@@ -335,11 +340,18 @@ path as materialized (
     select case when (select n from counted) >= $10 and (select count(*) from vec_index) >= $8
                 then 'index' else 'exact' end as scan),
 vec_exact as (
-    select c.id, c.embedding %2$s $3 as distance
-    from pgrag.chunks c
-    where %1$s and c.embedding is not null and (select scan from path) = 'exact'
-    order by (c.embedding %2$s $3) + 0, c.id
-    limit $8),
+    (select m.id, m.distance
+     from matched m
+     where (select n from counted) < $10
+     order by m.distance, m.id
+     limit $8)
+    union all
+    (select c.id, c.embedding %2$s $3 as distance
+     from pgrag.chunks c
+     where %1$s and c.embedding is not null
+       and (select n from counted) >= $10 and (select scan from path) = 'exact'
+     order by (c.embedding %2$s $3) + 0, c.id
+     limit $8)),
 vec as (
     select u.id, u.distance, row_number() over (order by u.distance, u.id)::integer as rank
     from (select * from vec_exact
