@@ -53,6 +53,12 @@ _add_strategies()
     help="Build the index with this m (its own database pgrag_bench_<rows>_m<m>_efc<efc>).",
 )
 @click.option("--hnsw-ef-construction", type=click.IntRange(4, 1000), help="Likewise.")
+@click.option(
+    "--tune",
+    is_flag=True,
+    help="First run pgrag tune on 50 held-out synthetic questions (stored in the query cache) "
+    "and store the ef_search it finds.",
+)
 @click.pass_context
 def bench_search(
     ctx: click.Context,
@@ -63,6 +69,7 @@ def bench_search(
     out_dir: Path,
     hnsw_m: int | None,
     hnsw_ef_construction: int | None,
+    tune: bool,
 ) -> None:
     """Recall@k and p50/p95/p99 latency for ef_search 20/40/100/200, with and without the
     iterative scan, at 100%, 10%, 1% and 0.1% filters, bare pgvector beside pgrag's default,
@@ -81,6 +88,8 @@ def bench_search(
         m, efc = hnsw_m or 16, hnsw_ef_construction or 64
         command += f" --hnsw-m {m} --hnsw-ef-construction {efc}"
         out_name = f"search-sweep-m{m}-efc{efc}.md"
+    if tune:
+        command += " --tune"
     reports = run(
         url_of(ctx),
         sizes,
@@ -93,6 +102,7 @@ def bench_search(
         command=command,
         out_name=out_name,
         progress=rebuild_progress("step"),
+        tune=tune,
     )
     for rep in reports:
         ours = [r for r in rep.results if r.engine == "pgrag"]

@@ -98,6 +98,7 @@ class SizeReport:
     stages: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     embedder: str = ""
     memory: str = ""  # shared_buffers, index and table sizes, whether they were prewarmed
+    tuned: str = ""  # what pgrag tune chose before the run, if it ran
     load_seconds: float | None = None
     index: str = ""  # the HNSW build parameters
     load_average: tuple[float, float] = (0.0, 0.0)  # 1-minute load average, before and after
@@ -172,6 +173,19 @@ def bare(
         t = time.perf_counter()
         ids = _ids(conn, v, flt, k)
         return (time.perf_counter() - t) * 1000, ids
+
+
+def tune_on_questions(url: str, k: int) -> str:
+    """``pgrag tune`` (target recall 0.95) on 50 held-out questions; what it chose, as a note."""
+    from pgrag import tune
+
+    with psycopg.connect(url) as conn:
+        synthetic.seed_questions(conn)
+        conn.commit()
+        res = tune.tune(conn, k=k)
+    ladder = ", ".join(f"{p.ef_search}: {p.recall:.3f}" for p in res.points)
+    chosen = f"stored ef_search {res.chosen}" if res.chosen else "no ef_search reached 0.95"
+    return f"`pgrag tune` on {res.queries} held-out {res.source} ({ladder}): {chosen}"
 
 
 def prewarm(conn: psycopg.Connection[Any]) -> str:
@@ -390,6 +404,7 @@ def markdown(reports: Sequence[SizeReport], command: str, stem: str = "search-sw
             f"{rep.load_average[0]:g} before, {rep.load_average[1]:g} after "
             f"({os.cpu_count()} CPUs): latencies are this machine's under that load. "
             f"Memory: {rep.memory}."
+            + (f" Tuning: {rep.tuned}." if rep.tuned else "")
             + (f" Load and index build: {rep.load_seconds:.0f} s." if rep.load_seconds else ""),
             "",
             f"![recall and p95 latency at {rep.rows:,} chunks](img/{stem}-{rep.rows}.png)",
@@ -480,13 +495,17 @@ def run(
     command: str = "pgrag bench search",
     out_name: str = "search-sweep.md",
     progress: Progress | None = None,
+    tune: bool = False,
 ) -> list[SizeReport]:
-    """Load (or reuse) each size, sweep it, write the markdown and the plots."""
+    """Load (or reuse) each size, sweep it, write the markdown and the plots. With ``tune``,
+    ``pgrag tune`` first sizes ef_search on held-out questions (``synthetic.seed_questions``)."""
     reports = []
     for n in sizes:
         url = size_database(base_url, n, hnsw_m, hnsw_ef_construction)
         seconds = ensure_loaded(url, n, reload)
+        tuned = tune_on_questions(url, k) if tune else ""
         rep = sweep_size(url, queries=queries, k=k, progress=progress)
+        rep = dataclasses.replace(rep, tuned=tuned)
         reports.append(dataclasses.replace(rep, load_seconds=seconds))
         plot(reports[-1], out_dir / "img" / f"{_stem(out_name)}-{n}.png")
     (out_dir / out_name).write_text(markdown(reports, command, _stem(out_name)) + "\n")

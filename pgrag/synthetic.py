@@ -86,6 +86,21 @@ def queries(n: int, seed: int = 11) -> tuple[np.ndarray[Any, Any], list[str]]:
     return vecs, texts
 
 
+def seed_questions(conn: psycopg.Connection[Any], n: int = 50, seed: int = 13) -> None:
+    """Put n held-out query vectors (another seed than the benchmarks' queries) into the query
+    cache as questions of the store's model, so ``pgrag tune`` sizes ef_search on new points
+    like a store's real questions, not on chunk vectors, which the graph already holds."""
+    vecs, texts = queries(n, seed)
+    with conn.cursor() as cur:
+        cur.executemany(
+            "insert into pgrag.query_cache (model, query_hash, query, embedding) "
+            "values ('synthetic', sha256(convert_to(%(q)s, 'UTF8')), %(q)s, "
+            "%(v)s::real[]::vector) on conflict (model, query_hash) do update "
+            "set embedding = excluded.embedding, created_at = now()",
+            [{"q": f"held-out question {i}: {texts[i]}", "v": vecs[i].tolist()} for i in range(n)],
+        )
+
+
 def loaded(conn: psycopg.Connection[Any]) -> int:
     """How many synthetic chunks the store holds (0 when it holds anything else too)."""
     row = conn.execute(

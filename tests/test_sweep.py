@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psycopg
 
 from pgrag import sweep, synthetic
@@ -75,3 +76,18 @@ def test_cli_bench_search_writes_into_the_output_directory(pg_server: Any, tmp_p
     assert (tmp_path / "img" / "search-sweep-1000.png").exists()
     with psycopg.connect(pg_server.url_for("postgres"), autocommit=True) as conn:
         conn.execute("drop database pgrag_bench_1000")
+
+
+def test_bench_tunes_on_held_out_questions_not_on_chunk_vectors(db_url: str) -> None:
+    synthetic.load(db_url, 2_000, quiet=True)
+    note = sweep.tune_on_questions(db_url, 10)
+    assert note.startswith("`pgrag tune` on 50 held-out questions (40: ")
+    with psycopg.connect(db_url) as conn:
+        asked = conn.execute(
+            "select count(*) from pgrag.query_cache where model = 'synthetic'"
+        ).fetchone()
+        assert asked == (50,)
+        # the sweep's own queries are another draw: tuning never sees the test set
+        held_out, _ = synthetic.queries(50, seed=13)
+        test_set, _ = synthetic.queries(50)
+        assert not np.allclose(held_out[0], test_set[0])
