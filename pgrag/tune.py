@@ -28,7 +28,7 @@ from psycopg import sql
 
 from pgrag.errors import ConfigError, PgragError
 
-LADDER: tuple[int, ...] = (40, 60, 80, 100, 150, 200, 300, 400, 600, 800, 1000)
+LADDER: tuple[int, ...] = (40, 60, 80, 100, 120, 150, 200, 250, 300, 400, 600, 800, 1000)
 SETTING = "pgrag.ef_search"
 MIN_QUESTIONS = 20
 
