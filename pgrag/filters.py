@@ -33,6 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from psycopg import sql
+from psycopg.abc import AdaptContext
 
 from pgrag.errors import DocumentError, InvalidFilter
 
@@ -85,15 +86,19 @@ class CompiledFilter(sql.Composed):
         self.params: dict[str, Any] = dict(params)
 
 
-def inline_params(expr: sql.Composable, params: Mapping[str, Any]) -> str:
+def inline_params(
+    expr: sql.Composable, params: Mapping[str, Any], context: AdaptContext | None = None
+) -> str:
     """The SQL text of ``expr`` with every named placeholder replaced by its value, quoted as a
-    literal: what ``pgrag.estimate_rows`` plans for the filter's row estimate. Raises ValueError
-    for a placeholder written into SQL text instead of as a ``sql.Placeholder``."""
+    literal: what ``pgrag.estimate_rows`` plans for the filter's row estimate. Pass the
+    connection as ``context`` to quote for its encoding and settings (without one, psycopg
+    quotes for libpq's last connection). Raises ValueError for a placeholder written into SQL
+    text instead of as a ``sql.Placeholder``."""
     if isinstance(expr, sql.Composed):
-        return "".join(inline_params(part, params) for part in expr)
-    text = expr.as_string(None)
+        return "".join(inline_params(part, params, context) for part in expr)
+    text = expr.as_string(context)
     if isinstance(expr, sql.Placeholder):  # "%(name)s"
-        return sql.Literal(params[text[2 : text.index(")")]]).as_string(None)
+        return sql.Literal(params[text[2 : text.index(")")]]).as_string(context)
     if isinstance(expr, sql.SQL) and "%" in text:
         raise ValueError(f"cannot inline {text!r}: write its placeholders as sql.Placeholder")
     return text

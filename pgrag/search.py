@@ -33,6 +33,7 @@ containment filter.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -180,7 +181,7 @@ counted as materialized (
 vec_index as materialized (
     select c.id, c.embedding <=> (select v from q) as distance
     from pgrag.chunks c
-    where {where} and (select n from counted) >= %(exact_threshold)s
+    where {where} and c.embedding is not null and (select n from counted) >= %(exact_threshold)s
     order by c.embedding <=> (select v from q)
     limit %(kc)s),
 path as materialized (
@@ -395,7 +396,8 @@ def make_request(
         has_filter = True
     params.update(compiled.params)
     # the filter as SQL text with literal values, for the planner's estimate and the statistics
-    # (pgrag.estimate_rows, pgrag.doc_type_stats_where): values quoted by psycopg
+    # (pgrag.estimate_rows, pgrag.doc_type_stats_where): values quoted by psycopg, again for
+    # the connection when there is one (_quoted_for)
     params["filter_sql"] = inline_params(where, params)
     params["count_skip_rows"] = COUNT_SKIP_FACTOR * exact_threshold
     return SearchRequest(
@@ -665,10 +667,18 @@ def _filter_schema_sync(
     raise AssertionError("unreachable")
 
 
+def _quoted_for(
+    req: SearchRequest, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
+) -> SearchRequest:
+    """``req`` with its filter text quoted for this connection's encoding and settings."""
+    sql_text = inline_params(req.where, req.params, conn)
+    return dataclasses.replace(req, params=req.params | {"filter_sql": sql_text})
+
+
 def _request_sync(conn: psycopg.Connection[Any], **kw: Any) -> SearchRequest:
     if kw["schema"] is None and kw["filter"]:
         kw["schema"] = _filter_schema_sync(conn, kw["filter"], kw["doc_types"])
-    return make_request(**kw)
+    return _quoted_for(make_request(**kw), conn)
 
 
 async def _filter_schema_async(
@@ -694,7 +704,7 @@ async def _filter_schema_async(
 async def _request_async(conn: psycopg.AsyncConnection[Any], **kw: Any) -> SearchRequest:
     if kw["schema"] is None and kw["filter"]:
         kw["schema"] = await _filter_schema_async(conn, kw["filter"], kw["doc_types"])
-    return make_request(**kw)
+    return _quoted_for(make_request(**kw), conn)
 
 
 async def asearch(

@@ -61,7 +61,8 @@ _SETTINGS: LiteralString = (
 _MEMORY: LiteralString = (
     "select current_setting('shared_buffers'), "
     "pg_size_pretty(pg_relation_size('pgrag.chunks_embedding_hnsw')), "
-    "pg_size_pretty(pg_table_size('pgrag.chunks'))"
+    "pg_size_pretty(pg_relation_size('pgrag.chunks')), "
+    "coalesce(nullif(current_setting('pgrag.ef_search', true), ''), 'unset')"
 )
 _PREWARM: LiteralString = (
     "select pg_prewarm('pgrag.chunks_embedding_hnsw'::regclass), "
@@ -193,7 +194,10 @@ def prewarm(conn: psycopg.Connection[Any]) -> str:
     create it), as a server that has been serving searches has them; says what it did."""
     row = conn.execute(_MEMORY).fetchone()
     assert row is not None
-    facts = f"shared_buffers {row[0]}, HNSW index {row[1]}, chunks table {row[2]}"
+    facts = (
+        f"shared_buffers {row[0]}, HNSW index {row[1]}, chunks table {row[2]}; "
+        f"stored pgrag.ef_search {row[3]}"
+    )
     try:
         with conn.transaction():
             conn.execute("create extension if not exists pg_prewarm")

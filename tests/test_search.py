@@ -168,11 +168,34 @@ def test_an_index_scan_that_comes_back_short_falls_back_to_the_exact_scan(
             assert len(rows) == 10 and rows[0][-2] == "index"
 
 
+def test_chunks_without_a_vector_never_count_as_index_candidates(synthetic_url: str) -> None:
+    """Whatever plan vec_index gets, a chunk waiting for its vector is not a candidate: else
+    NULL distances could fill kc and hide that the index came back short."""
+    q = _queries(1)[0]
+    with psycopg.connect(synthetic_url) as conn, conn.transaction(force_rollback=True):
+        conn.execute(
+            "update pgrag.chunks set embedding = null "
+            "where metadata @> '{\"p1\": true}' and id % 2 = 0"
+        )
+        with_vector = conn.execute(
+            "select count(*) from pgrag.chunks "
+            "where metadata @> '{\"p1\": true}' and embedding is not null"
+        ).fetchone()
+        assert with_vector is not None and 0 < with_vector[0] < 150
+        conn.execute("set local enable_indexscan = off")
+        req = _vector_request(q, {"p1": True}, k=150, candidates=200, exact_threshold=50)
+        conn.execute(s.SETTINGS, req.params)
+        rows = conn.execute(s.build_statement(req), req.params).fetchall()
+        assert len(rows) == with_vector[0] and all(r[6] is not None for r in rows)
+        assert {r[-2] for r in rows} == {"exact"}
+
+
 def test_words_in_most_chunks_of_a_large_store_are_left_out_of_any_word_search(
     synthetic_url: str,
 ) -> None:
     """Every chunk says "chunk": in a store of at least min_rows chunks, after ANALYZE, an
-    any-word search drops it (ranking it would read every row), and keeps the rare words."""
+    any-word search drops it (ranking it would read every row), and keeps the rare words.
+    A threshold too large for 32-bit arithmetic still works (it means: always exact)."""
     q = _queries(1)[0]
     with psycopg.connect(synthetic_url) as conn:
         common = conn.execute("select pgrag.common_lexemes(0.05, 1000)").fetchone()
@@ -182,10 +205,11 @@ def test_words_in_most_chunks_of_a_large_store_are_left_out_of_any_word_search(
             "select pgrag.search_tsquery('chunks about item3', 'any', %s)", (common[0],)
         ).fetchone()
         assert tsq == ("'item3'",)
-        none = conn.execute(
+        # a question of common words only keeps them all: slower, not empty
+        only_common = conn.execute(
             "select pgrag.search_tsquery('chunks', 'any', %s)", (common[0],)
         ).fetchone()
-        assert none == (None,)
+        assert only_common == ("'chunk'",)
         # `all` is the user's own web search syntax: nothing dropped
         assert conn.execute(
             "select pgrag.search_tsquery('chunks', 'all', %s)", (common[0],)
@@ -193,6 +217,12 @@ def test_words_in_most_chunks_of_a_large_store_are_left_out_of_any_word_search(
         res = s.search(conn, "chunks about item3", vector=q, model="synthetic", schema=SCHEMA)
         texts = [h.text for h in res.hits if h.text_rank is not None]
         assert texts and all("item3 " in t for t in texts)
+        rows = conn.execute(
+            "select scan from pgrag.search(%s::real[]::vector, 10, '{\"p10\": true}', null, "
+            "null, 1000000000)",
+            (q.tolist(),),
+        ).fetchall()
+        assert [r[0] for r in rows] == ["exact"] * 10
 
 
 def test_sql_functions_equal_python_for_containment_filters(synthetic_url: str) -> None:

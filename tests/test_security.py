@@ -194,6 +194,25 @@ def test_the_reader_may_search_read_stats_and_context(crm: Crm) -> None:
         assert conn.execute("select count(*) from pgrag.context(%s)", (ids[0],)).fetchone()
 
 
+def test_common_words_are_read_for_the_writer_and_not_for_a_reader(crm: Crm) -> None:
+    """pg_stats hides chunks' statistics from any role row-level security applies to, the
+    writer included: pgrag.common_lexemes reads them for the roles that see every tenant and
+    gives a reader none (the commonest words of all tenants' chunks are not its to know)."""
+    with psycopg.connect(crm.url, autocommit=True) as conn:
+        conn.execute("analyze pgrag.chunks")
+        owner = conn.execute("select pgrag.common_lexemes(0.05, 1)").fetchone()
+    assert owner is not None and "issu" in owner[0]  # every ticket says "issue"
+    with psycopg.connect(as_role(crm.url, WRITER)) as conn:
+        assert conn.execute("select pgrag.common_lexemes(0.05, 1)").fetchone() == owner
+    with psycopg.connect(as_role(crm.url, READER)) as conn:
+        conn.execute("select set_config('pgrag.tenant', 'globex', false)")
+        assert conn.execute("select pgrag.common_lexemes(0.05, 1)").fetchone() == ([],)
+        hidden = conn.execute(
+            "select count(*) from pg_stats where schemaname = 'pgrag' and tablename = 'chunks'"
+        ).fetchone()
+        assert hidden == (0,)
+
+
 def test_the_writer_declares_renders_and_embeds_but_reads_only_what_it_was_granted(
     crm: Crm,
 ) -> None:

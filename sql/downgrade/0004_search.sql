@@ -10,5 +10,6 @@ drop function if exists pgrag.run_search(text, text, vector, integer, jsonb, tex
 drop function if exists pgrag.text_query(text, text);
 drop function if exists pgrag.search_tsquery(text, text, text[]);
 drop function if exists pgrag.common_lexemes(real, bigint);
+drop function if exists pgrag.stats_common_lexemes(real, bigint);
 drop function if exists pgrag.estimate_rows(text);
 drop table pgrag.doc_stats;

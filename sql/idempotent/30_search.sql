@@ -12,18 +12,14 @@
 -- pgvector's operators live in the extension's schema, which the fixed search path does not
 -- hold: the statements are built with format() and OPERATOR(<schema>.<=>).
 
-create or replace function pgrag.common_lexemes(min_fraction real default 0.05,
-                                                min_rows bigint default 20000)
+create or replace function pgrag.stats_common_lexemes(min_fraction real, min_rows bigint)
 returns text[]
 language plpgsql stable security invoker
 set search_path = pg_catalog, pg_temp
 as $$
 -- The lexemes in at least min_fraction of the chunks and in at least min_rows of them, from
--- the planner's statistics of pgrag.chunks.tsv (ANALYZE; none before it). A search for any of
--- a question's words drops these: at 1,000,000 chunks a word like "order" that is in most of
--- them reads a posting list of hundreds of thousands of rows and ranks them, for a word that
--- tells no chunk from another. Small stores (fewer than min_rows chunks) drop nothing. pg_stats
--- shows no statistics to a role under row-level security, which then drops nothing either.
+-- the planner's statistics of pgrag.chunks.tsv as the calling role sees them in pg_stats
+-- (after ANALYZE; none before it, and none while row-level security applies to the role).
 begin
     if (select c.reltuples from pg_class c where c.oid = 'pgrag.chunks'::regclass)
        < min_rows then
@@ -40,8 +36,23 @@ begin
 end
 $$;
 
-comment on function pgrag.common_lexemes(real, bigint) is
+comment on function pgrag.stats_common_lexemes(real, bigint) is
     'Lexemes in at least min_fraction and min_rows of the chunks (pg_stats of chunks.tsv)';
+
+create or replace function pgrag.common_lexemes(min_fraction real default 0.05,
+                                                min_rows bigint default 20000)
+returns text[]
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+-- The words a search for any of a question's words leaves out (pgrag.search_tsquery): at
+-- 1,000,000 chunks a word like "order" that is in most of them reads a posting list of hundreds
+-- of thousands of rows and ranks them, for a word that tells no chunk from another. Small
+-- stores (fewer than min_rows chunks) leave out nothing. From revision 0006, 40_security.sql
+-- replaces this with a version that reads the statistics for the roles that see every tenant.
+return pgrag.stats_common_lexemes(min_fraction, min_rows);
+
+comment on function pgrag.common_lexemes(real, bigint) is
+    'The lexemes an any-word search leaves out: in at least min_fraction and min_rows chunks';
 
 create or replace function pgrag.search_tsquery(query_text text, match text,
                                                 common_lexemes text[])
@@ -56,10 +67,15 @@ begin
     elsif match = 'any' then
         -- any of the question's words (stemmed, stop words dropped) but the common ones
         -- (pgrag.common_lexemes): for natural-language questions, where requiring every word
-        -- usually matches nothing. NULL (no match at all) when every word is common.
-        return (select string_agg(quote_literal(l), ' | ' order by l)::tsquery
-                from unnest(tsvector_to_array(to_tsvector('english'::regconfig, query_text))) l
-                where common_lexemes is null or l <> all(common_lexemes));
+        -- usually matches nothing. When every word is common, all of them (slow, not empty).
+        return (select string_agg(quote_literal(w.l), ' | ' order by w.l)::tsquery
+                from (select l, common_lexemes is null or l <> all(common_lexemes) as rare
+                      from unnest(tsvector_to_array(
+                               to_tsvector('english'::regconfig, query_text))) l) w
+                where w.rare or not exists (
+                    select from unnest(tsvector_to_array(
+                                   to_tsvector('english'::regconfig, query_text))) l2
+                    where common_lexemes is null or l2 <> all(common_lexemes)));
     end if;
     raise exception using
         errcode = 'PR006',
@@ -205,14 +221,17 @@ as $$
 -- The planner's estimate of the chunks (alias c) matching `condition`, a boolean SQL expression
 -- with its values written as literals: `EXPLAIN` plans it without running it (about 0.1 ms).
 -- The search statements use it to skip counting the matches of a filter the planner expects to
--- match many rows. One statement only (pgrag.check_one_statement); planning may evaluate
--- immutable functions with constant arguments, as the calling role.
+-- match many rows. One statement only; planning may evaluate immutable functions with constant
+-- arguments, as the calling role.
 declare
-    query text := 'select from pgrag.chunks c where ' || condition;
+    cur refcursor;
     plan json;
 begin
-    perform pgrag.check_one_statement(query);
-    execute 'explain (format json) ' || query into plan;
+    -- a cursor refuses a string of several statements (pgrag.check_one_statement)
+    open cur no scroll for execute
+        'explain (format json) select from pgrag.chunks c where ' || condition;
+    fetch cur into plan;
+    close cur;
     return (plan -> 0 -> 'Plan' ->> 'Plan Rows')::double precision;
 end
 $$;
@@ -321,7 +340,7 @@ begin
     if mode <> 'text' then
         if has_filter then
             stmt := stmt || format($f$
-est as materialized (select pgrag.estimate_rows(%3$L) >= 5 * $10 as skip),
+est as materialized (select pgrag.estimate_rows(%3$L) >= 5::bigint * $10 as skip),
 matched as materialized (
     select c.id, c.embedding %2$s $3 as distance
     from pgrag.chunks c
@@ -333,7 +352,7 @@ counted as materialized (
 vec_index as materialized (
     select c.id, c.embedding %2$s $3 as distance
     from pgrag.chunks c
-    where %1$s and (select n from counted) >= $10
+    where %1$s and c.embedding is not null and (select n from counted) >= $10
     order by c.embedding %2$s $3
     limit $8),
 path as materialized (

@@ -272,7 +272,7 @@ comment on function pgrag.doc_type_stats(text, bigint[]) is
 
 create or replace function pgrag.doc_type_stats_where(doc_type text, condition text)
 returns jsonb
-language plpgsql volatile security invoker
+language plpgsql stable security invoker
 set search_path = pg_catalog, pg_temp
 as $$
 -- pgrag.doc_type_stats over the chunks (alias c) of doc_type matching `condition`, a boolean
@@ -315,10 +315,34 @@ comment on function pgrag.doc_type_stats_where(text, text) is
     'A document type''s statistics over its chunks matching a condition with literal values, '
     'in one pass (readers through pgrag.reader_doc_type_stats)';
 
+-- Replaces 30_search.sql's version (the downgrade of 0006 re-applies that one).
+create or replace function pgrag.common_lexemes(min_fraction real default 0.05,
+                                                min_rows bigint default 20000)
+returns text[]
+language plpgsql stable security definer
+set search_path = pg_catalog, pg_temp
+as $$
+-- security definer, owned by the migrating role (the owner of pgrag.chunks): pg_stats hides the
+-- statistics of a table while row-level security applies to the role asking, and it applies to
+-- the writer role too (its policy lets it see everything, but is a policy). The words are read
+-- for the roles that see every tenant anyway; a reader gets none, since the most common words
+-- of all chunks would tell it about other tenants' chunks.
+begin
+    if not pgrag.sees_all_tenants() then
+        return '{}';
+    end if;
+    return pgrag.stats_common_lexemes(min_fraction, min_rows);
+end
+$$;
+
+comment on function pgrag.common_lexemes(real, bigint) is
+    'The lexemes an any-word search leaves out: in at least min_fraction and min_rows chunks '
+    '(none for a reader; security definer)';
+
 -- Replaces 30_search.sql's version (the downgrade of 0006 re-applies that one): one pass.
 create or replace function pgrag.stats(filter jsonb default null, doc_types text[] default null)
 returns jsonb
-language sql volatile security invoker
+language sql stable security invoker
 set search_path = pg_catalog, pg_temp
 as $$
     select coalesce(jsonb_object_agg(s.doc_type, pgrag.doc_type_stats_where(
