@@ -33,7 +33,6 @@ containment filter.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -50,6 +49,8 @@ from pgrag.filters import CompiledFilter, compile_filter, inline_params, union_s
 from pgrag.limits import check_names, check_query_vector, check_question
 
 if TYPE_CHECKING:
+    from psycopg.abc import AdaptContext
+
     from pgrag.db import Client
     from pgrag.embed.base import Embedder
     from pgrag.embed.cache import QueryCache, QueryVector
@@ -340,8 +341,11 @@ def make_request(
     exact_threshold: int,
     rrf_k: int,
     fts_limit: int,
+    context: AdaptContext | None = None,
 ) -> SearchRequest:
-    """Validate a search and compile its filter; ``schema`` is the searched types' metadata."""
+    """Validate a search and compile its filter; ``schema`` is the searched types' metadata.
+    ``context`` (the connection) quotes the filter's literal text for its encoding and
+    settings; without one psycopg quotes for libpq's last connection."""
     if mode not in MODES:
         raise ConfigError(f"search mode {mode!r} is unknown: use one of {', '.join(MODES)}")
     if match not in MATCHES:
@@ -396,9 +400,8 @@ def make_request(
         has_filter = True
     params.update(compiled.params)
     # the filter as SQL text with literal values, for the planner's estimate and the statistics
-    # (pgrag.estimate_rows, pgrag.doc_type_stats_where): values quoted by psycopg, again for
-    # the connection when there is one (_quoted_for)
-    params["filter_sql"] = inline_params(where, params)
+    # (pgrag.estimate_rows, pgrag.doc_type_stats_where): values quoted by psycopg
+    params["filter_sql"] = inline_params(where, params, context)
     params["count_skip_rows"] = COUNT_SKIP_FACTOR * exact_threshold
     return SearchRequest(
         mode=mode,
@@ -667,18 +670,10 @@ def _filter_schema_sync(
     raise AssertionError("unreachable")
 
 
-def _quoted_for(
-    req: SearchRequest, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
-) -> SearchRequest:
-    """``req`` with its filter text quoted for this connection's encoding and settings."""
-    sql_text = inline_params(req.where, req.params, conn)
-    return dataclasses.replace(req, params=req.params | {"filter_sql": sql_text})
-
-
 def _request_sync(conn: psycopg.Connection[Any], **kw: Any) -> SearchRequest:
     if kw["schema"] is None and kw["filter"]:
         kw["schema"] = _filter_schema_sync(conn, kw["filter"], kw["doc_types"])
-    return _quoted_for(make_request(**kw), conn)
+    return make_request(**kw, context=conn)
 
 
 async def _filter_schema_async(
@@ -704,7 +699,7 @@ async def _filter_schema_async(
 async def _request_async(conn: psycopg.AsyncConnection[Any], **kw: Any) -> SearchRequest:
     if kw["schema"] is None and kw["filter"]:
         kw["schema"] = await _filter_schema_async(conn, kw["filter"], kw["doc_types"])
-    return _quoted_for(make_request(**kw), conn)
+    return make_request(**kw, context=conn)
 
 
 async def asearch(
