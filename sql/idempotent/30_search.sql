@@ -68,14 +68,13 @@ begin
         -- any of the question's words (stemmed, stop words dropped) but the common ones
         -- (pgrag.common_lexemes): for natural-language questions, where requiring every word
         -- usually matches nothing. When every word is common, all of them (slow, not empty).
-        return (select string_agg(quote_literal(w.l), ' | ' order by w.l)::tsquery
-                from (select l, common_lexemes is null or l <> all(common_lexemes) as rare
-                      from unnest(tsvector_to_array(
-                               to_tsvector('english'::regconfig, query_text))) l) w
-                where w.rare or not exists (
-                    select from unnest(tsvector_to_array(
-                                   to_tsvector('english'::regconfig, query_text))) l2
-                    where common_lexemes is null or l2 <> all(common_lexemes)));
+        return (with w as (
+                    select l, common_lexemes is null or l <> all(common_lexemes) as rare
+                    from unnest(tsvector_to_array(
+                             to_tsvector('english'::regconfig, query_text))) l)
+                select string_agg(quote_literal(w.l), ' | ' order by w.l)::tsquery
+                from w
+                where w.rare or not exists (select from w where w.rare));
     end if;
     raise exception using
         errcode = 'PR006',
