@@ -49,8 +49,9 @@ def test_sweep_reports_every_configuration_and_writes_markdown_and_plot(
 
 def test_stage_breakdown_times_embed_search_and_rerank(db_url: str) -> None:
     synthetic.load(db_url, 1_000, quiet=True)
-    name, stages = sweep.stage_breakdown(db_url, queries=3, k=5, flt={"p10": True})
-    assert "pass-through" in name
+    name, by_filter = sweep.stage_breakdown(db_url, queries=3, k=5, filters={"10%": {"p10": True}})
+    assert "pass-through" in name and set(by_filter) == {"10%"}
+    stages = by_filter["10%"]
     assert set(stages) == {"statement", "embed", "search", "rerank", "total"}
     assert stages["embed"]["p50"] > 0 and stages["total"]["p95"] >= stages["search"]["p50"]
     assert stages["statement"]["p50"] > 0
