@@ -51,12 +51,28 @@ max_connections = 100
 """
 
 
-def memory_mb() -> int:
-    """Physical memory in MB (1024 when the platform does not say)."""
+# A container's memory limit (cgroup v2, then v1): physical memory says the host's.
+_CGROUP_LIMITS = (
+    Path("/sys/fs/cgroup/memory.max"),
+    Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+)
+
+
+def memory_mb(cgroup_limits: tuple[Path, ...] = _CGROUP_LIMITS) -> int:
+    """The memory this machine or container may use, in MB: physical memory, or the cgroup
+    limit when lower (1024 when the platform says neither)."""
     try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
+        memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2**20
     except (ValueError, OSError, AttributeError):
-        return 1024
+        memory = 1024
+    for path in cgroup_limits:
+        try:
+            limit = path.read_text().strip()
+        except OSError:
+            continue
+        if limit.isdigit():  # "max" (v2) or a huge number (v1): no limit
+            memory = min(memory, int(limit) // 2**20)
+    return memory
 
 
 def shared_buffers_mb(memory: int) -> int:

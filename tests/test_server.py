@@ -10,7 +10,7 @@ import psycopg
 import pytest
 
 from pgrag.errors import ServerError
-from pgrag.server import EmbeddedServer
+from pgrag.server import EmbeddedServer, memory_mb, shared_buffers_mb
 
 
 def test_cold_start_then_reuse(tmp_path: Path) -> None:
@@ -104,3 +104,15 @@ def test_a_long_data_dir_puts_its_socket_in_a_private_directory(tmp_path: Path) 
             assert conn.execute("select 1").fetchone() == (1,)
     finally:
         server.stop()
+
+
+def test_shared_buffers_follow_the_memory_a_container_may_use(tmp_path: Path) -> None:
+    host = memory_mb(())
+    v2, v1 = tmp_path / "memory.max", tmp_path / "memory.limit_in_bytes"
+    v2.write_text("max\n")
+    v1.write_text(f"{2**63 - 4096}\n")  # cgroup v1's "no limit"
+    assert memory_mb((v2, v1, tmp_path / "missing")) == host
+    v2.write_text(f"{2 * 2**30}\n")  # a 2 GB container on a larger host
+    assert memory_mb((v2,)) == min(host, 2048)
+    assert shared_buffers_mb(2048) == 512
+    assert shared_buffers_mb(256) == 128 and shared_buffers_mb(64 * 1024) == 8192
