@@ -10,12 +10,12 @@ declared schema: key → ``text``, ``integer``, ``numeric``, ``boolean``, ``date
 
 SQL shape (measured with EXPLAIN, see docs/filters-and-answers.md):
 
-- equality and array containment of one object level are merged into a single
-  ``metadata @> %(f0)s::jsonb``, which the ``gin (metadata jsonb_path_ops)`` index serves;
+- equality and array containment are ``metadata @> %(f0)s::jsonb``, one per key, which the
+  ``gin (metadata jsonb_path_ops)`` index serves (several in one index scan);
 - ``$in`` is ``metadata @> any(%(f1)s::jsonb[])`` (a bitmap index scan with one index search
   per value);
-- ranges of one object level are merged into a single ``metadata @? %(f2)s::jsonpath`` built
-  from schema keys and JSON-encoded values. A range is two-valued: a missing key or a stored value
+- the ranges of one key are one ``metadata @? %(f2)s::jsonpath`` built from schema keys and
+  JSON-encoded values. A range is two-valued: a missing key or a stored value
   of another type is false, never NULL and never a cast error;
 - ``$ne``, ``$nin`` and ``$not`` are ``not (...)`` of the above (true when the key is missing).
 
@@ -94,14 +94,23 @@ def inline_params(
     connection as ``context`` to quote for its encoding and settings (without one, psycopg
     quotes for libpq's last connection). Raises ValueError for a placeholder written into SQL
     text instead of as a ``sql.Placeholder``."""
+    return with_literals(expr, params).as_string(context)
+
+
+def with_literals(expr: sql.Composable, params: Mapping[str, Any]) -> sql.Composable:
+    """``expr`` with every named placeholder replaced by ``sql.Literal`` of its value: for SQL
+    that takes no parameters (an index predicate, ``pgrag.estimate_rows``). Raises ValueError
+    for a placeholder written into SQL text instead of as a ``sql.Placeholder``."""
     if isinstance(expr, sql.Composed):
-        return "".join(inline_params(part, params, context) for part in expr)
-    text = expr.as_string(context)
-    if isinstance(expr, sql.Placeholder):  # "%(name)s"
-        return sql.Literal(params[text[2 : text.index(")")]]).as_string(context)
-    if isinstance(expr, sql.SQL) and "%" in text:
-        raise ValueError(f"cannot inline {text!r}: write its placeholders as sql.Placeholder")
-    return text
+        return sql.Composed([with_literals(part, params) for part in expr])
+    if isinstance(expr, sql.Placeholder):
+        text = expr.as_string(None)  # "%(name)s"
+        return sql.Literal(params[text[2 : text.index(")")]])
+    if isinstance(expr, sql.SQL) and "%" in expr.as_string(None):
+        raise ValueError(
+            f"cannot inline {expr.as_string(None)!r}: write its placeholders as sql.Placeholder"
+        )
+    return expr
 
 
 def operators_for(type_name: str) -> tuple[str, ...]:
@@ -303,7 +312,7 @@ class _Compiler:
             )
         parts: list[sql.Composable] = []
         contains: dict[str, Any] = {}
-        ranges: list[str] = []
+        ranges: dict[str, list[str]] = {}
         for key, value in node.items():
             if not isinstance(key, str):
                 raise InvalidFilter(f"filter key {key!r} is not a string: use a metadata key")
@@ -327,13 +336,15 @@ class _Compiler:
                 raise InvalidFilter(
                     f"unknown filter key {key!r}: valid keys are {self.valid_keys()}"
                 )
+        # one condition per key: a filter index (pgrag.filter_index) on {"segment": "VIP"} is
+        # used by any search whose filter also says "segment": "VIP", since the planner proves a
+        # partial index's predicate only from identical conditions
         head: list[sql.Composable] = []
-        if contains:
-            head.append(
-                sql.SQL("{} @> {}::jsonb").format(self.column, self.bind(json.dumps(contains)))
-            )
-        if ranges:
-            path = "$ ? (" + " && ".join(ranges) + ")"
+        for key, value in contains.items():
+            one = json.dumps({key: value})
+            head.append(sql.SQL("{} @> {}::jsonb").format(self.column, self.bind(one)))
+        for conditions in ranges.values():
+            path = "$ ? (" + " && ".join(conditions) + ")"
             head.append(sql.SQL("{} @? {}::jsonpath").format(self.column, self.bind(path)))
         parts = head + parts
         if not parts:
@@ -399,7 +410,7 @@ class _Compiler:
         type_name: str,
         value: Any,
         contains: dict[str, Any],
-        ranges: list[str],
+        ranges: dict[str, list[str]],
     ) -> list[sql.Composable]:
         if isinstance(value, Mapping):
             if not value:
@@ -432,7 +443,7 @@ class _Compiler:
                 parts.append(self.any_of(key, [v for v in values], negate=op == "$nin"))
             else:
                 checked = self.value(key, type_name, operand)
-                ranges.append(
+                ranges.setdefault(key, []).append(
                     "@." + json.dumps(key) + " " + _JSONPATH_OPS[op] + " " + json.dumps(checked)
                 )
         return parts

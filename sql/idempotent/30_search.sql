@@ -279,6 +279,7 @@ declare
     op text;
     where_sql text := 'true';
     estimate_sql text := 'true';  -- where_sql with literal values, for pgrag.estimate_rows
+    filter_sql text;
     has_filter boolean := filter is not null or doc_types is not null;
     kc integer;
     stmt text;
@@ -318,8 +319,15 @@ begin
     where e.extname = 'vector';
     op := format('OPERATOR(%I.<=>)', vs);
     if filter is not null then
-        where_sql := where_sql || ' and c.metadata @> $5';
-        estimate_sql := estimate_sql || format(' and c.metadata @> %L::jsonb', filter);
+        -- one containment per key, as the Python client compiles a filter: the planner then
+        -- proves the predicate of a filter index (pgrag filter-index) on some of the keys
+        select coalesce(string_agg(format(' and c.metadata @> %L::jsonb',
+                                          jsonb_build_object(e.key, e.value)), '' order by e.key),
+                        '')
+          into filter_sql
+          from jsonb_each(filter) e;
+        where_sql := where_sql || filter_sql;
+        estimate_sql := estimate_sql || filter_sql;
     end if;
     if doc_types is not null then
         where_sql := where_sql || ' and c.doc_type = any($6)';
