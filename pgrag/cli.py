@@ -398,10 +398,23 @@ def _register_subcommands() -> None:
     from pgrag.cli_bench import bench
     from pgrag.cli_embed import embed, reembed, worker
     from pgrag.cli_eval import COMMANDS as EVAL_COMMANDS
+    from pgrag.cli_index import filter_index
     from pgrag.cli_sample import sample
     from pgrag.cli_search import ask, demo, search, tune
 
-    for command in (sample, embed, worker, reembed, search, ask, demo, tune, *EVAL_COMMANDS, bench):
+    for command in (
+        sample,
+        embed,
+        worker,
+        reembed,
+        search,
+        ask,
+        demo,
+        tune,
+        filter_index,
+        *EVAL_COMMANDS,
+        bench,
+    ):
         cli.add_command(command)
 
 

@@ -23,6 +23,7 @@ from pgrag import config, documents, security
 
 if TYPE_CHECKING:
     from pgrag.ask import AskResult
+    from pgrag.filter_index import FilterIndex
     from pgrag.search import ContextRow, SearchResult
 from pgrag.errors import (
     ConnectionFailed,
@@ -281,6 +282,38 @@ class Client:
 
         with self.connection(tenant=tenant) as conn:
             return ask(conn, question, **kwargs)
+
+    # ---- filter indexes (pgrag/filter_index.py) ----
+
+    def add_filter_index(
+        self,
+        filter: Mapping[str, Any] | str,
+        *,
+        maintenance_work_mem: str | None = None,
+        progress: Callable[[str, int, int], None] | None = None,
+    ) -> tuple[FilterIndex, bool]:
+        """Build a partial HNSW index for ``filter`` (concurrently) unless one exists;
+        (index, built). Searches whose filter contains it use it (``pgrag.filter_index``)."""
+        from pgrag import filter_index
+
+        self.require_schema()
+        with mapped_database_errors():
+            return filter_index.add(
+                self.url, filter, maintenance_work_mem=maintenance_work_mem, progress=progress
+            )
+
+    def filter_indexes(self) -> list[FilterIndex]:
+        from pgrag import filter_index
+
+        with self.connection() as conn:
+            return filter_index.list_indexes(conn)
+
+    def drop_filter_index(self, filter_or_name: str) -> str | None:
+        """Drop the filter index of a filter (JSON) or a name; its name, None if none existed."""
+        from pgrag import filter_index
+
+        with mapped_database_errors():
+            return filter_index.drop(self.url, filter_or_name)
 
     def upgrade(self, revision: str = "head", *, dimension: int | None = None) -> None:
         """Migrate this database (see ``pgrag.migrate.upgrade``) and refresh pooled connections."""

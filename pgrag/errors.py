@@ -66,6 +66,10 @@ class InvalidFilter(PgragError, ValueError):
     exit_code = 7
 
 
+class IndexBuildFailed(PgragError):
+    """A filter index build failed or was cancelled (pgrag/filter_index.py); nothing is left."""
+
+
 class MissingDependency(PgragError, ImportError):
     """An optional Python package that this feature needs is not installed."""
 

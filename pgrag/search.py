@@ -598,7 +598,7 @@ def search(
     timings: dict[str, float] = {}
     try:
         if filter and schema is None:  # a bad filter fails before the model loads
-            schema = _filter_schema_sync(conn, filter, doc_types)
+            schema = filter_schema(conn, filter, doc_types)
         if mode != "text" and vector is None and query:
             qv = _query_cache(embedder).embed(conn, query)
             vector, model = qv.vector, qv.model
@@ -647,7 +647,7 @@ def _query_cache(embedder: str | Embedder | QueryCache | None) -> QueryCache:
     return query_cache_for(embedder)
 
 
-def _filter_schema_sync(
+def filter_schema(
     conn: psycopg.Connection[Any], filter: Mapping[str, Any], doc_types: Sequence[str] | None
 ) -> dict[str, str]:
     """The searched types' metadata schema, checked against ``filter`` (InvalidFilter if not).
@@ -672,14 +672,14 @@ def _filter_schema_sync(
 
 def _request_sync(conn: psycopg.Connection[Any], **kw: Any) -> SearchRequest:
     if kw["schema"] is None and kw["filter"]:
-        kw["schema"] = _filter_schema_sync(conn, kw["filter"], kw["doc_types"])
+        kw["schema"] = filter_schema(conn, kw["filter"], kw["doc_types"])
     return make_request(**kw, context=conn)
 
 
 async def _filter_schema_async(
     conn: psycopg.AsyncConnection[Any], filter: Mapping[str, Any], doc_types: Sequence[str] | None
 ) -> dict[str, str]:
-    """``_filter_schema_sync`` for an async connection."""
+    """``filter_schema`` for an async connection."""
     key = _db_key(conn)
     for attempt in range(2):
         schemas = _cached_schemas(key) if attempt == 0 else None

@@ -18,6 +18,7 @@ from typing import Any, LiteralString
 import numpy as np
 import psycopg
 from pgvector.psycopg import register_vector
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
 DIM = 384
@@ -40,6 +41,10 @@ SCHEMA = {
 }
 
 _HNSW: LiteralString = "select indexdef from pg_indexes where indexname = 'chunks_embedding_hnsw'"
+_FILTER_INDEXES: LiteralString = (
+    "select indexname from pg_indexes where schemaname = 'pgrag' "
+    "and indexname like 'chunks\\_embedding\\_hnsw\\_f\\_%'"
+)
 _COPY: LiteralString = (
     "copy pgrag.chunks (doc_type, source_key, text, metadata, embedding, embedding_model) "
     "from stdin (format binary)"
@@ -137,6 +142,8 @@ def store(
         if hnsw is None:
             raise RuntimeError("the HNSW index is missing: migrate the database (pgrag db upgrade)")
         conn.execute("drop index pgrag.chunks_embedding_hnsw")
+        for (name,) in conn.execute(_FILTER_INDEXES).fetchall():  # none slows the load down
+            conn.execute(sql.SQL("drop index {}").format(sql.Identifier("pgrag", name)))
         conn.execute("delete from pgrag.chunks")
         conn.execute("update pgrag.settings set embedding_model = 'synthetic'")
         with conn.cursor().copy(_COPY) as cp:
@@ -157,10 +164,13 @@ def store(
 
 
 def declare_stats(conn: psycopg.Connection[Any]) -> None:
-    """A document type row for the synthetic chunks and exact statistics over the matches."""
+    """A document type row for the synthetic chunks (with their metadata schema, so that filters
+    on them compile without one passed in) and exact statistics over the matches."""
     conn.execute(
-        "insert into pgrag.doc_types (name, source, owns_source, key_type) "
-        "values ('synthetic', 'pgrag.chunks'::regclass, false, 'text') on conflict do nothing"
+        "insert into pgrag.doc_types (name, source, owns_source, key_type, metadata_schema) "
+        "values ('synthetic', 'pgrag.chunks'::regclass, false, 'text', %s) "
+        "on conflict (name) do update set metadata_schema = excluded.metadata_schema",
+        (Jsonb(SCHEMA),),
     )
     conn.execute(
         "select pgrag.declare_stats('synthetic', $q$select jsonb_build_object("

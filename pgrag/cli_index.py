@@ -1,0 +1,132 @@
+"""``pgrag filter-index``: partial HNSW indexes for the filters searches use most."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+import click
+
+from pgrag.cli_common import CONTEXT_SETTINGS, url_of
+
+
+@click.group("filter-index", context_settings=CONTEXT_SETTINGS)
+def filter_index() -> None:
+    """Partial HNSW indexes for frequent filters (docs/search.md#filter-indexes).
+
+    A search whose filter contains an index's filter (the same keys with the same conditions,
+    at the top level or in an $and) walks that index's graph, which holds only the matching
+    chunks: at 1,000,000 chunks a 10% filter went from 16 ms to 5 ms p95.
+    """
+
+
+@filter_index.command("add", context_settings=CONTEXT_SETTINGS)
+@click.argument("filter_json", metavar="FILTER")
+@click.option(
+    "--maintenance-work-mem",
+    metavar="SIZE",
+    help="Memory for the build, e.g. 2GB (default: the server's). An HNSW graph larger than it "
+    "builds several times slower.",
+)
+@click.option(
+    "--sql",
+    "print_sql",
+    is_flag=True,
+    help="Print the CREATE INDEX and COMMENT statements and exit (for a migration of your own).",
+)
+@click.pass_context
+def add(
+    ctx: click.Context, filter_json: str, maintenance_work_mem: str | None, print_sql: bool
+) -> None:
+    """Build the index of FILTER (JSON, the search filter language), e.g.
+
+        pgrag filter-index add '{"segment": "VIP"}'
+
+    The build runs CREATE INDEX CONCURRENTLY (writes go on) with the store index's m and
+    ef_construction. It does nothing if a valid index of FILTER exists; a failed or cancelled
+    build is dropped, and an invalid one left by a crash is rebuilt.
+    """
+    from pgrag.db import connect
+    from pgrag.filter_index import plan
+
+    with connect(url_of(ctx)) as client:
+        if print_sql:
+            client.require_schema()
+            with client.connection() as conn:
+                p = plan(conn, filter_json)
+                click.echo(p.create.as_string(conn) + ";")
+                click.echo(p.comment.as_string(conn) + ";")
+            return
+        started = time.perf_counter()
+        bar = _progress()
+        try:
+            index, built = client.add_filter_index(
+                filter_json, maintenance_work_mem=maintenance_work_mem, progress=bar
+            )
+        finally:
+            bar(None, 0, 0)
+    what = "built" if built else "exists already"
+    took = f" in {time.perf_counter() - started:.1f} s" if built else ""
+    click.echo(
+        f"{index.name} {what}{took}: {index.filter_json}, {index.rows:,} chunks, "
+        f"{index.size_bytes / 2**20:,.1f} MB"
+    )
+
+
+@filter_index.command("list", context_settings=CONTEXT_SETTINGS)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@click.pass_context
+def list_(ctx: click.Context, as_json: bool) -> None:
+    """Show each filter index: name, filter, chunks, size, and whether it is valid."""
+    from pgrag.db import connect
+
+    with connect(url_of(ctx)) as client:
+        indexes = client.filter_indexes()
+    if as_json:
+        click.echo(json.dumps([asdict(i) for i in indexes], indent=2))
+        return
+    if not indexes:
+        click.echo("no filter indexes: add one with `pgrag filter-index add FILTER`")
+        return
+    for i in indexes:
+        state = "" if i.valid else "  INVALID (a build that did not finish: add it again)"
+        click.echo(
+            f"{i.name}  {i.filter_json}  {i.rows:,} chunks  {i.size_bytes / 2**20:,.1f} MB{state}"
+        )
+
+
+@filter_index.command("drop", context_settings=CONTEXT_SETTINGS)
+@click.argument("filter_or_name", metavar="FILTER|NAME")
+@click.pass_context
+def drop(ctx: click.Context, filter_or_name: str) -> None:
+    """Drop the index of FILTER (JSON) or the index NAME (DROP INDEX CONCURRENTLY)."""
+    from pgrag.db import connect
+
+    with connect(url_of(ctx)) as client:
+        name = client.drop_filter_index(filter_or_name)
+    click.echo(f"{name} dropped" if name else "no such filter index: see `pgrag filter-index list`")
+
+
+def _progress() -> Callable[[str | None, int, int], None]:
+    """One tqdm bar over the table's blocks, its label the build's phase; None closes it."""
+    from tqdm import tqdm
+
+    state: dict[str, Any] = {}
+
+    def update(phase: str | None, done: int, total: int) -> None:
+        bar = state.get("bar")
+        if phase is None:
+            if bar is not None:
+                bar.close()
+            return
+        if bar is None or state.get("phase") != phase:
+            if bar is not None:
+                bar.close()
+            bar = state["bar"] = tqdm(total=total or None, desc=phase, unit="block", disable=None)
+            state["phase"] = phase
+        bar.update(max(done - bar.n, 0))
+
+    return update

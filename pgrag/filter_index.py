@@ -1,0 +1,277 @@
+"""Filter indexes: partial HNSW indexes over the chunks of the filters searches use most.
+
+A filtered vector search on the store's one HNSW index walks the graph of every chunk and checks
+the filter on each chunk it visits: at 10% or 1% of 1,000,000 chunks that walk visits thousands
+of chunks for ten hits (docs/benchmarks.md). A filter index is ``create index ... using hnsw
+(embedding) where <the filter>``: its graph holds only the matching chunks, so a search with that
+filter walks a small graph and checks nothing. PostgreSQL's planner picks it by itself for any
+search whose filter contains the index's filter, because the compiled filter puts each key's
+condition in its own conjunct (pgrag/filters.py) and the planner proves a partial index's
+predicate from identical conditions. Nothing else changes: the same statement, the same exact
+scan below ``exact_threshold`` rows, the same ``hnsw.ef_search``.
+
+The index is built ``concurrently`` (writers are not blocked; a failed build leaves an invalid
+index, which the next ``add`` of the same filter replaces) with the store index's ``m`` and
+``ef_construction``; its comment holds the filter, which ``list`` shows. Each index costs a write
+on every matching chunk's vector, and memory: size them to the filters that matter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, LiteralString
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import class_row
+
+from pgrag.errors import ConfigError, IndexBuildFailed, from_database
+from pgrag.filters import compile_filter, parse_filter_json, with_literals
+
+PREFIX = "chunks_embedding_hnsw_f_"
+STORE_INDEX = "chunks_embedding_hnsw"
+CLEANUP_LOCK_TIMEOUT = "5s"
+
+_LIST: LiteralString = """
+select i.relname as name,
+       coalesce(obj_description(i.oid, 'pg_class'), '') as filter_json,
+       pg_get_expr(x.indpred, x.indrelid) as predicate,
+       greatest(i.reltuples, 0)::bigint as rows,
+       pg_relation_size(i.oid) as size_bytes,
+       x.indisvalid as valid
+from pg_index x
+join pg_class i on i.oid = x.indexrelid
+where x.indrelid = 'pgrag.chunks'::regclass and i.relname like 'chunks\\_embedding\\_hnsw\\_f\\_%'
+order by i.relname
+"""
+# the store index's build parameters, which a filter index copies (its graph should be as good)
+_STORE_OPTIONS: LiteralString = """
+select coalesce(max(o.option_value) filter (where o.option_name = 'm'), s.hnsw_m::text)::int,
+       coalesce(max(o.option_value) filter (where o.option_name = 'ef_construction'),
+                s.hnsw_ef_construction::text)::int,
+       (select n.nspname from pg_extension e join pg_namespace n on n.oid = e.extnamespace
+        where e.extname = 'vector')
+from pgrag.settings s
+left join pg_class c on c.oid = to_regclass('pgrag.chunks_embedding_hnsw')
+left join lateral pg_options_to_table(c.reloptions) o on true
+group by s.hnsw_m, s.hnsw_ef_construction
+"""
+_PROGRESS: LiteralString = (
+    "select phase, blocks_done, blocks_total from pg_stat_progress_create_index where pid = %s"
+)
+
+
+@dataclass(frozen=True)
+class FilterIndex:
+    """One filter index: its name, the filter it serves and its SQL predicate."""
+
+    name: str
+    filter_json: str
+    predicate: str
+    rows: int
+    size_bytes: int
+    valid: bool
+
+    @property
+    def filter(self) -> dict[str, Any] | None:
+        try:
+            value = json.loads(self.filter_json)
+        except ValueError:
+            return None
+        return value if isinstance(value, dict) else None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What ``add`` will run: the index's name, its filter and its DDL."""
+
+    name: str
+    filter_json: str
+    create: sql.Composed
+    comment: sql.Composed
+
+
+def canonical(filter: Mapping[str, Any] | str) -> dict[str, Any]:
+    """The filter as a dict (from JSON text if given text); InvalidFilter if it is not one."""
+    if isinstance(filter, str):
+        return parse_filter_json(filter)
+    return dict(filter)
+
+
+def plan(
+    conn: psycopg.Connection[Any],
+    filter: Mapping[str, Any] | str,
+    schema: Mapping[str, str] | None = None,
+) -> Plan:
+    """The CREATE INDEX of ``filter``'s index, compiled exactly as a search compiles it, against
+    ``schema`` or else the declared metadata schemas (InvalidFilter for a filter a search would
+    refuse)."""
+    from pgrag.search import filter_schema
+
+    flt = canonical(filter)
+    if not flt:
+        raise ConfigError(
+            "a filter index needs a filter: the store index already serves unfiltered searches"
+        )
+    text = json.dumps(flt, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    ordered = json.loads(text)  # one key order, one predicate, one name per filter
+    compiled = compile_filter(
+        ordered,
+        filter_schema(conn, ordered, None) if schema is None else schema,
+        column=sql.Identifier("metadata"),
+        doc_type_column=sql.Identifier("doc_type"),
+    )
+    predicate = with_literals(compiled, compiled.params)
+    name = PREFIX + hashlib.sha256(text.encode()).hexdigest()[:12]
+    row = conn.execute(_STORE_OPTIONS).fetchone()
+    if row is None or row[2] is None:
+        raise ConfigError("pgrag.settings or pgvector is missing: run `pgrag db upgrade`")
+    m, ef_construction, vector_schema = row
+    ident = sql.Identifier("pgrag", name)
+    create = sql.SQL(
+        "create index concurrently {} on pgrag.chunks using hnsw (embedding {}) "
+        "with (m = {}, ef_construction = {}) where {}"
+    ).format(
+        sql.Identifier(name),
+        sql.Identifier(vector_schema, "vector_cosine_ops"),
+        sql.Literal(int(m)),
+        sql.Literal(int(ef_construction)),
+        predicate,
+    )
+    comment = sql.SQL("comment on index {} is {}").format(ident, sql.Literal(text))
+    return Plan(name=name, filter_json=text, create=create, comment=comment)
+
+
+def list_indexes(conn: psycopg.Connection[Any]) -> list[FilterIndex]:
+    with conn.cursor(row_factory=class_row(FilterIndex)) as cur:
+        return cur.execute(_LIST).fetchall()
+
+
+def find(conn: psycopg.Connection[Any], name: str) -> FilterIndex | None:
+    return next((i for i in list_indexes(conn) if i.name == name), None)
+
+
+def add(
+    url: str,
+    filter: Mapping[str, Any] | str,
+    *,
+    schema: Mapping[str, str] | None = None,
+    maintenance_work_mem: str | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> tuple[FilterIndex, bool]:
+    """Build ``filter``'s index (concurrently) unless a valid one exists; (index, built).
+
+    An invalid index of the same filter (a build that failed or was cancelled) is dropped and
+    built again. ``progress(phase, blocks_done, blocks_total)`` is called about twice a second.
+    """
+    with psycopg.connect(url, autocommit=True) as conn:
+        p = plan(conn, filter, schema)
+        existing = find(conn, p.name)
+        if existing is not None and existing.valid:
+            return existing, False
+        if existing is not None:
+            conn.execute(sql.SQL("drop index concurrently if exists {}").format(_ident(p.name)))
+        if maintenance_work_mem is not None:
+            conn.execute(
+                "select set_config('maintenance_work_mem', %s, false)", (maintenance_work_mem,)
+            )
+        try:
+            _run_with_progress(url, conn, p.create, progress)
+        except (psycopg.Error, KeyboardInterrupt) as exc:
+            # a failed concurrent build leaves an invalid index that every write still updates
+            left = _drop_quickly(conn, p.name)
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            mapped = from_database(exc)
+            if mapped is not None:
+                raise mapped from exc
+            after = (
+                f"invalid index {p.name} is left behind, as an open transaction holds it: drop "
+                f"it with `pgrag filter-index drop {p.name}`"
+                if left
+                else "the partial index was dropped"
+            )
+            raise IndexBuildFailed(
+                f"building filter index {p.name} failed: {_first_line(exc)} ({after}; fix the "
+                "cause and run the same add again)"
+            ) from exc
+        conn.execute(p.comment)
+        built = find(conn, p.name)
+    assert built is not None
+    return built, True
+
+
+def drop(url: str, filter_or_name: str, *, schema: Mapping[str, str] | None = None) -> str | None:
+    """Drop the index of a filter (JSON text) or of a name; its name, or None if none existed."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        text = filter_or_name.strip()
+        name = text if text.startswith(PREFIX) else plan(conn, text, schema).name
+        if find(conn, name) is None:
+            return None
+        conn.execute(sql.SQL("drop index concurrently if exists {}").format(_ident(name)))
+        return name
+
+
+def _drop_quickly(conn: psycopg.Connection[Any], name: str) -> bool:
+    """Drop an invalid index unless that waits on open transactions longer than
+    CLEANUP_LOCK_TIMEOUT (the ones that may have stalled the build); True if it is left."""
+    try:
+        conn.execute("select set_config('lock_timeout', %s, false)", (CLEANUP_LOCK_TIMEOUT,))
+        conn.execute(sql.SQL("drop index concurrently if exists {}").format(_ident(name)))
+    except psycopg.errors.LockNotAvailable:
+        return True
+    finally:
+        conn.execute("select set_config('lock_timeout', '0', false)")
+    return False
+
+
+def _ident(name: str) -> sql.Identifier:
+    return sql.Identifier("pgrag", name)
+
+
+def _run_with_progress(
+    url: str,
+    conn: psycopg.Connection[Any],
+    statement: sql.Composed,
+    progress: Callable[[str, int, int], None] | None,
+) -> None:
+    """Run ``statement`` on ``conn``; meanwhile report its pg_stat_progress_create_index row."""
+    if progress is None:
+        conn.execute(statement)
+        return
+    pid = conn.info.backend_pid
+    failure: list[BaseException] = []
+    done = threading.Event()
+
+    def build() -> None:
+        try:
+            conn.execute(statement)
+        except BaseException as exc:  # re-raised in the caller's thread
+            failure.append(exc)
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=build, name="pgrag-filter-index", daemon=True)
+    worker.start()
+    try:
+        with psycopg.connect(url, autocommit=True) as watch:
+            while not done.wait(0.5):
+                row = watch.execute(_PROGRESS, (pid,)).fetchone()
+                if row is not None:
+                    progress(str(row[0]), int(row[1] or 0), int(row[2] or 0))
+    except KeyboardInterrupt:
+        conn.cancel_safe()
+        worker.join()
+        raise
+    worker.join()
+    if failure:
+        raise failure[0]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

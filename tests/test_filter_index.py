@@ -1,0 +1,248 @@
+"""Filter indexes: partial HNSW indexes that searches with a containing filter use by themselves."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+
+from pgrag import filter_index, synthetic
+from pgrag import search as s
+from pgrag.db import connect
+from pgrag.errors import ConfigError, IndexBuildFailed, InvalidFilter
+
+from .conftest import run_pgrag
+
+ROWS = 3000
+
+
+@pytest.fixture(scope="module")
+def store_url(pg_server: Any, template_db: str) -> Iterator[str]:
+    """3,000 synthetic chunks (metadata schema declared) with one filter index, on {"p10": true}."""
+    from .conftest import create_database, drop_database
+
+    name = create_database(pg_server, template=template_db)
+    url = pg_server.url_for(name)
+    vecs, texts, metas = synthetic.rows(ROWS, seed=5)
+    synthetic.store(url, vecs, texts, metas)
+    with psycopg.connect(url) as conn:
+        synthetic.declare_stats(conn)
+    filter_index.add(url, {"p10": True})
+    yield url
+    drop_database(pg_server, name)
+
+
+def _plan(conn: psycopg.Connection[Any], flt: dict[str, Any]) -> str:
+    # exact_threshold 0: the vector leg always walks an index, whichever the planner picks
+    req = s.make_request(
+        mode="vector",
+        text=None,
+        vector=synthetic.queries(1)[0][0],
+        model=None,
+        filter=flt,
+        schema=s.filter_schema(conn, flt, None),
+        doc_types=None,
+        k=10,
+        stats=False,
+        match="any",
+        candidates=None,
+        ef_search=None,
+        exact_threshold=0,
+        rrf_k=s.RRF_K,
+        fts_limit=s.FTS_LIMIT,
+        context=conn,
+    )
+    stmt = psycopg.sql.SQL("explain (costs off) ") + s.build_statement(req)
+    rows = conn.execute(stmt, req.params).fetchall()
+    return "\n".join(r[0] for r in rows)
+
+
+def _index_name(url: str, flt: dict[str, Any]) -> str:
+    with psycopg.connect(url) as conn:
+        return filter_index.plan(conn, flt).name
+
+
+def test_add_builds_a_valid_index_once_and_lists_it(store_url: str) -> None:
+    name = _index_name(store_url, {"p10": True})
+    with psycopg.connect(store_url) as conn:
+        (listed,) = filter_index.list_indexes(conn)
+        row = conn.execute(
+            "select count(*) from pgrag.chunks where metadata @> '{\"p10\": true}'"
+        ).fetchone()
+    assert listed.name == name and listed.valid
+    assert listed.filter == {"p10": True}
+    assert row is not None and listed.rows == row[0] == ROWS // 10
+    assert listed.size_bytes > 0
+    again, built = filter_index.add(store_url, '{"p10": true}')
+    assert not built and again == listed
+
+
+@pytest.mark.parametrize(
+    "flt",
+    [
+        {"p10": True},
+        {"p10": True, "all": True},  # a key more: still each key its own condition
+        {"$and": [{"p10": True}, {"bucket": {"$gt": 5}}]},
+        {"bucket": {"$lt": 900}, "p10": True, "$not": {"p1": True}},
+    ],
+)
+def test_searches_whose_filter_contains_it_use_it(store_url: str, flt: dict[str, Any]) -> None:
+    # (filters matching a handful of rows would rather be sorted off the GIN bitmap: no HNSW)
+    name = _index_name(store_url, {"p10": True})
+    with psycopg.connect(store_url) as conn:
+        assert name in _plan(conn, flt)
+
+
+@pytest.mark.parametrize(
+    "flt", [{"p1": True}, {"p10": False}, {"$or": [{"p10": True}, {"p1": True}]}]
+)
+def test_other_filters_do_not(store_url: str, flt: dict[str, Any]) -> None:
+    name = _index_name(store_url, {"p10": True})
+    with psycopg.connect(store_url) as conn:
+        plan = _plan(conn, flt)
+    assert name not in plan
+
+
+def test_results_through_it_have_recall(store_url: str) -> None:
+    qv, _ = synthetic.queries(20)
+    flt = {"p10": True, "topic": {"$gte": 0}}
+    recalls = []
+    with psycopg.connect(store_url) as conn:
+        for q in qv:
+            with conn.transaction():
+                conn.execute("set local enable_indexscan = off")
+                truth = [
+                    r[0]
+                    for r in conn.execute(
+                        "select id from pgrag.chunks where metadata @> '{\"p10\": true}' "
+                        "order by embedding <=> %s::real[]::vector limit 10",
+                        (q.tolist(),),
+                    )
+                ]
+            res = s.search(
+                conn, vector=q, model="synthetic", filter=flt, mode="vector", exact_threshold=0
+            )
+            conn.rollback()
+            assert len(res.hits) == 10 and res.scan == "index"
+            recalls.append(len({h.id for h in res.hits} & set(truth)) / 10)
+    assert np.mean(recalls) >= 0.95
+
+
+def test_bad_filters_are_refused_before_any_ddl(store_url: str) -> None:
+    with pytest.raises(InvalidFilter, match="unknown filter key 'nokey'"):
+        filter_index.add(store_url, {"nokey": 1})
+    with pytest.raises(InvalidFilter, match="expects boolean"):
+        filter_index.add(store_url, '{"p1": 1}')
+    with pytest.raises(InvalidFilter):
+        filter_index.add(store_url, "{not json")
+    with pytest.raises(ConfigError, match="needs a filter"):
+        filter_index.add(store_url, {})
+    with psycopg.connect(store_url) as conn:
+        assert len(filter_index.list_indexes(conn)) == 1
+
+
+def _cancel_once(
+    writer: psycopg.Connection[Any], dba: psycopg.Connection[Any], *, end_writer: bool
+) -> Any:
+    cancelled = threading.Event()
+
+    def progress(phase: str, done: int, total: int) -> None:  # noqa: ARG001
+        if not cancelled.is_set():
+            dba.execute(
+                "select pg_cancel_backend(pid) from pg_stat_progress_create_index "
+                "where relid = 'pgrag.chunks'::regclass"
+            )
+            cancelled.set()
+            if end_writer:
+                writer.rollback()
+
+    return progress
+
+
+def test_a_cancelled_build_leaves_nothing(store_url: str) -> None:
+    # a transaction writing to the chunks holds the concurrent build in its first wait; the
+    # progress callback then cancels it, as Ctrl-C or a DBA's pg_cancel_backend would
+    with psycopg.connect(store_url) as writer, psycopg.connect(store_url, autocommit=True) as dba:
+        writer.execute("update pgrag.chunks set updated_at = updated_at where id = 1")
+        progress = _cancel_once(writer, dba, end_writer=True)
+        with pytest.raises(IndexBuildFailed, match="the partial index was dropped"):
+            filter_index.add(store_url, {"p1": True}, progress=progress)
+    with psycopg.connect(store_url) as conn:
+        assert [i.filter for i in filter_index.list_indexes(conn)] == [{"p10": True}]
+
+
+def test_a_build_stalled_by_an_open_transaction_says_what_it_left(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(filter_index, "CLEANUP_LOCK_TIMEOUT", "200ms")
+    with psycopg.connect(store_url) as writer, psycopg.connect(store_url, autocommit=True) as dba:
+        writer.execute("update pgrag.chunks set updated_at = updated_at where id = 1")
+        progress = _cancel_once(writer, dba, end_writer=False)
+        with pytest.raises(IndexBuildFailed, match="is left behind.*filter-index drop"):
+            filter_index.add(store_url, {"p1": True}, progress=progress)
+        writer.rollback()
+    with psycopg.connect(store_url) as conn:
+        (left,) = [i for i in filter_index.list_indexes(conn) if i.filter_json == ""]
+        assert not left.valid
+    assert filter_index.drop(store_url, left.name) == left.name
+
+
+def test_an_invalid_index_left_by_a_crash_is_rebuilt(store_url: str) -> None:
+    flt = {"p01": True}
+    index, _ = filter_index.add(store_url, flt)
+    with psycopg.connect(store_url, autocommit=True) as conn:  # what a killed build leaves
+        conn.execute(
+            "update pg_index set indisvalid = false where indexrelid = %s::regclass",
+            (f"pgrag.{index.name}",),
+        )
+        assert filter_index.find(conn, index.name) is not None
+        assert not filter_index.find(conn, index.name).valid  # type: ignore[union-attr]
+    rebuilt, built = filter_index.add(store_url, flt)
+    assert built and rebuilt.valid
+    assert filter_index.drop(store_url, index.name) == index.name
+    assert filter_index.drop(store_url, '{"p01": true}') is None
+
+
+def test_client_and_cli(store_url: str) -> None:
+    env = {"PGRAG_DATABASE_URL": store_url}
+    r = run_pgrag("filter-index", "add", "--sql", '{"p1": true}', env=env)
+    assert r.returncode == 0, r.stderr
+    assert "create index concurrently" in r.stdout and "comment on index" in r.stdout
+    r = run_pgrag("filter-index", "add", '{"p1": true}', env=env)
+    assert r.returncode == 0, r.stderr
+    assert "built in" in r.stdout and "30 chunks" in r.stdout
+    r = run_pgrag("filter-index", "list", env=env)
+    assert r.returncode == 0 and '{"p1":true}' in r.stdout and '{"p10":true}' in r.stdout
+    r = run_pgrag("filter-index", "add", '{"p1": "yes"}', env=env)
+    assert r.returncode == 7 and r.stderr.startswith("pgrag: error: filter key 'p1' expects")
+    with connect(store_url) as client:
+        assert {i.filter_json for i in client.filter_indexes()} == {'{"p1":true}', '{"p10":true}'}
+        assert client.drop_filter_index('{"p1": true}') is not None
+    r = run_pgrag("filter-index", "drop", '{"p1": true}', env=env)
+    assert r.returncode == 0 and "no such filter index" in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("flt", "uses"),
+    [({"p10": True}, True), ({"p10": True, "all": True}, True), ({"all": True}, False)],
+)
+def test_the_sql_functions_use_it_too(store_url: str, flt: dict[str, Any], uses: bool) -> None:
+    # the SQL API takes a containment filter; it is split per key like the Python compiler's
+    name = _index_name(store_url, {"p10": True})
+    q = synthetic.queries(1)[0][0]
+    with psycopg.connect(store_url) as conn:
+        rows = conn.execute(
+            "select id, scan from pgrag.search(%s::real[]::vector, 10, %s::jsonb, "
+            "exact_threshold => 0)",
+            (q.tolist(), json.dumps(flt)),
+        ).fetchall()
+        scans = conn.execute(
+            "select pg_stat_get_xact_numscans(%s::regclass)", (f"pgrag.{name}",)
+        ).fetchone()
+    assert len(rows) == 10 and {r[1] for r in rows} == {"index"}
+    assert scans is not None and (scans[0] > 0) == uses
