@@ -59,6 +59,12 @@ _add_strategies()
     help="First run pgrag tune on 50 held-out synthetic questions (stored in the query cache) "
     "and store the ef_search it finds.",
 )
+@click.option(
+    "--filter-indexes",
+    is_flag=True,
+    help="Give the 10% and 1% filters a filter index (pgrag filter-index add) before the run; "
+    "without it, any filter index is dropped first. Writes search-sweep-...-filter-indexes.md.",
+)
 @click.pass_context
 def bench_search(
     ctx: click.Context,
@@ -70,6 +76,7 @@ def bench_search(
     hnsw_m: int | None,
     hnsw_ef_construction: int | None,
     tune: bool,
+    filter_indexes: bool,
 ) -> None:
     """Recall@k and p50/p95/p99 latency for ef_search 20/40/100/200, with and without the
     iterative scan, at 100%, 10%, 1% and 0.1% filters, bare pgvector beside pgrag's default,
@@ -90,6 +97,9 @@ def bench_search(
         out_name = f"search-sweep-m{m}-efc{efc}.md"
     if tune:
         command += " --tune"
+    if filter_indexes:
+        command += " --filter-indexes"
+        out_name = out_name.removesuffix(".md") + "-filter-indexes.md"
     reports = run(
         url_of(ctx),
         sizes,
@@ -103,6 +113,7 @@ def bench_search(
         out_name=out_name,
         progress=rebuild_progress("step"),
         tune=tune,
+        filter_indexes=filter_indexes,
     )
     for rep in reports:
         ours = [r for r in rep.results if r.engine == "pgrag"]

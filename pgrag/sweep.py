@@ -64,10 +64,14 @@ _MEMORY: LiteralString = (
     "pg_size_pretty(pg_relation_size('pgrag.chunks')), "
     "coalesce(nullif(current_setting('pgrag.ef_search', true), ''), 'unset')"
 )
+# every HNSW index of the chunks (the store's and any filter index), then the table
 _PREWARM: LiteralString = (
-    "select pg_prewarm('pgrag.chunks_embedding_hnsw'::regclass), "
-    "pg_prewarm('pgrag.chunks'::regclass)"
+    "select sum(pg_prewarm(x.indexrelid)) + pg_prewarm('pgrag.chunks'::regclass) "
+    "from pg_index x join pg_class i on i.oid = x.indexrelid join pg_am a on a.oid = i.relam "
+    "where x.indrelid = 'pgrag.chunks'::regclass and a.amname = 'hnsw'"
 )
+# the filters that get a filter index with --filter-indexes: 0.1% is below exact_threshold
+FILTER_INDEXED: tuple[str, ...] = ("10%", "1%")
 
 Progress = Callable[[str, int, int], None]
 
@@ -103,6 +107,7 @@ class SizeReport:
     load_seconds: float | None = None
     index: str = ""  # the HNSW build parameters
     load_average: tuple[float, float] = (0.0, 0.0)  # 1-minute load average, before and after
+    filter_indexes: str = ""  # which filters had a filter index (pgrag/filter_index.py)
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -189,6 +194,40 @@ def tune_on_questions(url: str, k: int) -> str:
     return f"`pgrag tune` on {res.queries} held-out {res.source} ({ladder}): {chosen}"
 
 
+def set_filter_indexes(url: str, wanted: bool, progress: Progress | None = None) -> str:
+    """With ``wanted``, a filter index for each FILTER_INDEXED filter (built unless present);
+    without, none at all (a previous run's are dropped). What the store has, as a note."""
+    from pgrag import filter_index
+
+    if not wanted:
+        with psycopg.connect(url) as conn:
+            names = [i.name for i in filter_index.list_indexes(conn)]
+        for name in names:
+            filter_index.drop(url, name)
+        return "none (every filter walks the store's index)"
+    notes = []
+    for label in FILTER_INDEXED:
+        started = time.perf_counter()
+        index, built = filter_index.add(
+            url,
+            synthetic.SELECTIVITIES[label],
+            maintenance_work_mem="4GB",
+            progress=_relabel(progress, f"filter index {label}"),
+        )
+        took = f", built in {time.perf_counter() - started:.0f} s" if built else ""
+        notes.append(
+            f"{label} `{index.filter_json}` ({index.rows:,} chunks, "
+            f"{index.size_bytes / 2**20:,.0f} MB{took})"
+        )
+    return "; ".join(notes)
+
+
+def _relabel(progress: Progress | None, label: str) -> Progress | None:
+    if progress is None:
+        return None
+    return lambda _phase, done, total: progress(label, done, total)
+
+
 def prewarm(conn: psycopg.Connection[Any]) -> str:
     """Load the HNSW index and the chunks into shared_buffers (pg_prewarm, when the role may
     create it), as a server that has been serving searches has them; says what it did."""
@@ -206,7 +245,7 @@ def prewarm(conn: psycopg.Connection[Any]) -> str:
         conn.rollback()
         return f"{facts}; not prewarmed ({str(exc).splitlines()[0]})"
     conn.commit()
-    return f"{facts}; both prewarmed into shared_buffers (pg_prewarm) before the run"
+    return f"{facts}; indexes and table prewarmed into shared_buffers (pg_prewarm) before the run"
 
 
 def sweep_size(
@@ -417,6 +456,12 @@ def markdown(reports: Sequence[SizeReport], command: str, stem: str = "search-sw
             f"({os.cpu_count()} CPUs): latencies are this machine's under that load. "
             f"Memory: {rep.memory}."
             + (f" Tuning: {rep.tuned}." if rep.tuned else "")
+            + (
+                f" Filter indexes: {rep.filter_indexes} (the planner picks them for the bare "
+                "pgvector statement too)."
+                if rep.filter_indexes
+                else ""
+            )
             + (f" Load and index build: {rep.load_seconds:.0f} s." if rep.load_seconds else ""),
             "",
             f"![recall and p95 latency at {rep.rows:,} chunks](img/{stem}-{rep.rows}.png)",
@@ -508,16 +553,21 @@ def run(
     out_name: str = "search-sweep.md",
     progress: Progress | None = None,
     tune: bool = False,
+    filter_indexes: bool = False,
 ) -> list[SizeReport]:
     """Load (or reuse) each size, sweep it, write the markdown and the plots. With ``tune``,
-    ``pgrag tune`` first sizes ef_search on held-out questions (``synthetic.seed_questions``)."""
+    ``pgrag tune`` first sizes ef_search on held-out questions (``synthetic.seed_questions``);
+    with ``filter_indexes``, the 10% and 1% filters get a filter index, else none has one."""
     reports = []
     for n in sizes:
         url = size_database(base_url, n, hnsw_m, hnsw_ef_construction)
         seconds = ensure_loaded(url, n, reload)
+        indexes = set_filter_indexes(url, filter_indexes, progress)
         tuned = tune_on_questions(url, k) if tune else ""
         rep = sweep_size(url, queries=queries, k=k, progress=progress)
-        reports.append(dataclasses.replace(rep, tuned=tuned, load_seconds=seconds))
+        reports.append(
+            dataclasses.replace(rep, tuned=tuned, load_seconds=seconds, filter_indexes=indexes)
+        )
         plot(reports[-1], out_dir / "img" / f"{_stem(out_name)}-{n}.png")
     (out_dir / out_name).write_text(markdown(reports, command, _stem(out_name)) + "\n")
     return reports
