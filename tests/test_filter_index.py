@@ -17,6 +17,7 @@ from pgrag.db import connect
 from pgrag.errors import ConfigError, IndexBuildFailed, InvalidFilter
 
 from .conftest import run_pgrag
+from .test_search import _vector_request
 
 ROWS = 3000
 
@@ -39,22 +40,11 @@ def store_url(pg_server: Any, template_db: str) -> Iterator[str]:
 
 def _plan(conn: psycopg.Connection[Any], flt: dict[str, Any]) -> str:
     # exact_threshold 0: the vector leg always walks an index, whichever the planner picks
-    req = s.make_request(
-        mode="vector",
-        text=None,
-        vector=synthetic.queries(1)[0][0],
-        model=None,
-        filter=flt,
+    req = _vector_request(
+        synthetic.queries(1)[0][0],
+        flt,
         schema=s.filter_schema(conn, flt, None),
-        doc_types=None,
-        k=10,
-        stats=False,
-        match="any",
-        candidates=None,
-        ef_search=None,
         exact_threshold=0,
-        rrf_k=s.RRF_K,
-        fts_limit=s.FTS_LIMIT,
         context=conn,
     )
     stmt = psycopg.sql.SQL("explain (costs off) ") + s.build_statement(req)
