@@ -236,3 +236,21 @@ def test_the_sql_functions_use_it_too(store_url: str, flt: dict[str, Any], uses:
         ).fetchone()
     assert len(rows) == 10 and {r[1] for r in rows} == {"index"}
     assert scans is not None and (scans[0] > 0) == uses
+
+
+def test_a_reembed_to_another_dimension_keeps_filter_indexes(db_url: str) -> None:
+    vecs, texts, metas = synthetic.rows(300, seed=9)
+    synthetic.store(db_url, vecs, texts, metas)
+    with psycopg.connect(db_url) as conn:
+        synthetic.declare_stats(conn)
+    index, _ = filter_index.add(db_url, {"p10": True})
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("select pgrag.begin_reembed('other', 8)").fetchone() == (300,)
+        conn.commit()
+        (after,) = filter_index.list_indexes(conn)
+        typ = conn.execute(
+            "select format_type(atttypid, atttypmod) from pg_attribute "
+            "where attrelid = 'pgrag.chunks'::regclass and attname = 'embedding'"
+        ).fetchone()
+    assert after.name == index.name and after.valid and after.filter == {"p10": True}
+    assert typ == ("vector(8)",)
