@@ -15,7 +15,7 @@ from pgrag.cli_common import CONTEXT_SETTINGS, url_of
 
 @click.group("filter-index", context_settings=CONTEXT_SETTINGS)
 def filter_index() -> None:
-    """Partial HNSW indexes for frequent filters (docs/search.md#filter-indexes).
+    """Partial HNSW indexes for frequent filters (docs/search.md, "Filter indexes").
 
     A search whose filter contains an index's filter (the same keys with the same conditions,
     at the top level or in an $and) walks that index's graph, which holds only the matching
@@ -35,7 +35,9 @@ def filter_index() -> None:
     "--sql",
     "print_sql",
     is_flag=True,
-    help="Print the CREATE INDEX and COMMENT statements and exit (for a migration of your own).",
+    help="Print the CREATE INDEX and COMMENT statements and exit, for a migration of your own: "
+    "run them outside a transaction block (in alembic, inside op.get_context()."
+    "autocommit_block()).",
 )
 @click.pass_context
 def add(
@@ -92,7 +94,13 @@ def list_(ctx: click.Context, as_json: bool) -> None:
         click.echo("no filter indexes: add one with `pgrag filter-index add FILTER`")
         return
     for i in indexes:
-        state = "" if i.valid else "  INVALID (a build that did not finish: add it again)"
+        state = (
+            ""
+            if i.valid
+            else "  BUILDING"
+            if i.building
+            else "  INVALID (a build that did not finish: add its filter again, or drop it)"
+        )
         click.echo(
             f"{i.name}  {i.filter_json}  {i.rows:,} chunks  {i.size_bytes / 2**20:,.1f} MB{state}"
         )

@@ -305,6 +305,7 @@ class Client:
     def filter_indexes(self) -> list[FilterIndex]:
         from pgrag import filter_index
 
+        self.require_schema()
         with self.connection() as conn:
             return filter_index.list_indexes(conn)
 
@@ -312,6 +313,7 @@ class Client:
         """Drop the filter index of a filter (JSON) or a name; its name, None if none existed."""
         from pgrag import filter_index
 
+        self.require_schema()
         with mapped_database_errors():
             return filter_index.drop(self.url, filter_or_name)
 

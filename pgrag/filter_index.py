@@ -5,10 +5,12 @@ the filter on each chunk it visits: at 10% or 1% of 1,000,000 chunks that walk v
 of chunks for ten hits (docs/benchmarks.md). A filter index is ``create index ... using hnsw
 (embedding) where <the filter>``: its graph holds only the matching chunks, so a search with that
 filter walks a small graph and checks nothing. PostgreSQL's planner picks it by itself for any
-search whose filter contains the index's filter, because the compiled filter puts each key's
-condition in its own conjunct (pgrag/filters.py) and the planner proves a partial index's
-predicate from identical conditions. Nothing else changes: the same statement, the same exact
-scan below ``exact_threshold`` rows, the same ``hnsw.ef_search``.
+search whose filter contains the index's filter: the planner proves a partial index's predicate
+from identical conditions, so searches compile the keys of filter indexes
+(``pgrag.filter_index_keys()``, read from the indexes' comments) into conditions of their own,
+in canonical form (``split_keys`` in pgrag/filters.py), and the index's predicate is compiled
+the same way. Nothing else changes: the same statement, the same exact scan below
+``exact_threshold`` rows, the same ``hnsw.ef_search``.
 
 The index is built ``concurrently`` (writers are not blocked; a failed build leaves an invalid
 index, which the next ``add`` of the same filter replaces) with the store index's ``m`` and
@@ -18,10 +20,11 @@ on every matching chunk's vector, and memory: size them to the filters that matt
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, LiteralString
 
@@ -31,6 +34,7 @@ from psycopg.rows import class_row
 
 from pgrag.errors import ConfigError, IndexBuildFailed, from_database
 from pgrag.filters import compile_filter, parse_filter_json, with_literals
+from pgrag.search import filter_schema, forget_schemas
 
 PREFIX = "chunks_embedding_hnsw_f_"
 STORE_INDEX = "chunks_embedding_hnsw"
@@ -42,7 +46,9 @@ select i.relname as name,
        pg_get_expr(x.indpred, x.indrelid) as predicate,
        greatest(i.reltuples, 0)::bigint as rows,
        pg_relation_size(i.oid) as size_bytes,
-       x.indisvalid as valid
+       x.indisvalid as valid,
+       exists (select from pg_stat_progress_create_index p where p.index_relid = i.oid)
+           as building
 from pg_index x
 join pg_class i on i.oid = x.indexrelid
 where x.indrelid = 'pgrag.chunks'::regclass and i.relname like 'chunks\\_embedding\\_hnsw\\_f\\_%'
@@ -60,6 +66,16 @@ left join pg_class c on c.oid = to_regclass('pgrag.chunks_embedding_hnsw')
 left join lateral pg_options_to_table(c.reloptions) o on true
 group by s.hnsw_m, s.hnsw_ef_construction
 """
+_LOCK: LiteralString = (
+    "select pg_try_advisory_lock(hashtextextended('pgrag filter index ' || %s, 0))"
+)
+_UNLOCK: LiteralString = (
+    "select pg_advisory_unlock(hashtextextended('pgrag filter index ' || %s, 0))"
+)
+_BUILDING: LiteralString = (
+    "select exists (select from pg_stat_progress_create_index "
+    "where index_relid = to_regclass('pgrag.' || quote_ident(%s)))"
+)
 _PROGRESS: LiteralString = (
     "select phase, blocks_done, blocks_total from pg_stat_progress_create_index where pid = %s"
 )
@@ -75,6 +91,7 @@ class FilterIndex:
     rows: int
     size_bytes: int
     valid: bool
+    building: bool  # a build in progress (the index is invalid until it ends)
 
     @property
     def filter(self) -> dict[str, Any] | None:
@@ -110,23 +127,29 @@ def plan(
     """The CREATE INDEX of ``filter``'s index, compiled exactly as a search compiles it, against
     ``schema`` or else the declared metadata schemas (InvalidFilter for a filter a search would
     refuse)."""
-    from pgrag.search import filter_schema
-
     flt = canonical(filter)
     if not flt:
         raise ConfigError(
             "a filter index needs a filter: the store index already serves unfiltered searches"
         )
     text = json.dumps(flt, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    ordered = json.loads(text)  # one key order, one predicate, one name per filter
+    # its keys split out and canonical, as a search compiles them once the index exists
     compiled = compile_filter(
-        ordered,
-        filter_schema(conn, ordered, None) if schema is None else schema,
+        flt,
+        filter_schema(conn, flt, None) if schema is None else schema,
         column=sql.Identifier("metadata"),
         doc_type_column=sql.Identifier("doc_type"),
+        split_keys=flt.keys(),
     )
     predicate = with_literals(compiled, compiled.params)
-    name = PREFIX + hashlib.sha256(text.encode()).hexdigest()[:12]
+    shown = predicate.as_string(conn)
+    if shown.strip("()") in ("true", "false"):
+        raise ConfigError(
+            f"filter {text} matches {'every' if 'true' in shown else 'no'} chunk: a filter "
+            "index needs a filter that selects some of them"
+        )
+    # named by the predicate: {"k": 1} and {"k": {"$eq": 1}} are one index
+    name = PREFIX + hashlib.sha256(shown.encode()).hexdigest()[:12]
     row = conn.execute(_STORE_OPTIONS).fetchone()
     if row is None or row[2] is None:
         raise ConfigError("pgrag.settings or pgvector is missing: run `pgrag db upgrade`")
@@ -170,37 +193,46 @@ def add(
     """
     with psycopg.connect(url, autocommit=True) as conn:
         p = plan(conn, filter, schema)
-        existing = find(conn, p.name)
-        if existing is not None and existing.valid:
-            return existing, False
-        if existing is not None:
-            conn.execute(sql.SQL("drop index concurrently if exists {}").format(_ident(p.name)))
-        if maintenance_work_mem is not None:
-            conn.execute(
-                "select set_config('maintenance_work_mem', %s, false)", (maintenance_work_mem,)
-            )
-        try:
-            _run_with_progress(url, conn, p.create, progress)
-        except (psycopg.Error, KeyboardInterrupt) as exc:
-            # a failed concurrent build leaves an invalid index that every write still updates
-            left = _drop_quickly(conn, p.name)
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            mapped = from_database(exc)
-            if mapped is not None:
-                raise mapped from exc
-            after = (
-                f"invalid index {p.name} is left behind, as an open transaction holds it: drop "
-                f"it with `pgrag filter-index drop {p.name}`"
-                if left
-                else "the partial index was dropped"
-            )
-            raise IndexBuildFailed(
-                f"building filter index {p.name} failed: {_first_line(exc)} ({after}; fix the "
-                "cause and run the same add again)"
-            ) from exc
-        conn.execute(p.comment)
-        built = find(conn, p.name)
+        with _exclusive(conn, p.name):
+            existing = find(conn, p.name)
+            if existing is not None and existing.valid:
+                if not existing.filter_json:  # built by a process killed before its comment
+                    conn.execute(p.comment)
+                    existing = find(conn, p.name)
+                assert existing is not None
+                return existing, False
+            if existing is not None:
+                conn.execute(sql.SQL("drop index concurrently if exists {}").format(_ident(p.name)))
+            if maintenance_work_mem is not None:
+                conn.execute(
+                    "select set_config('maintenance_work_mem', %s, false)", (maintenance_work_mem,)
+                )
+            try:
+                _run_with_progress(url, conn, p.create, progress)
+            except BaseException as exc:
+                # a failed concurrent build leaves an invalid index that every write still
+                # updates: drop it, unless open transactions hold that up
+                left = _drop_quickly(conn, p.name)
+                after = (
+                    f"invalid index {p.name} is left behind, as an open transaction holds it: "
+                    f"drop it with `pgrag filter-index drop {p.name}`"
+                    if left
+                    else "the partial index was dropped"
+                )
+                if isinstance(exc, KeyboardInterrupt) and not left:
+                    raise
+                if not isinstance(exc, psycopg.Error | KeyboardInterrupt):
+                    raise
+                mapped = from_database(exc) if isinstance(exc, psycopg.Error) else None
+                if mapped is not None and not left:
+                    raise mapped from exc
+                raise IndexBuildFailed(
+                    f"building filter index {p.name} failed: {_first_line(exc) or 'interrupted'}"
+                    f" ({after}; fix the cause and run the same add again)"
+                ) from exc
+            conn.execute(p.comment)
+            built = find(conn, p.name)
+    forget_schemas()  # this process's searches split the new keys at once
     assert built is not None
     return built, True
 
@@ -210,10 +242,31 @@ def drop(url: str, filter_or_name: str, *, schema: Mapping[str, str] | None = No
     with psycopg.connect(url, autocommit=True) as conn:
         text = filter_or_name.strip()
         name = text if text.startswith(PREFIX) else plan(conn, text, schema).name
-        if find(conn, name) is None:
-            return None
-        conn.execute(sql.SQL("drop index concurrently if exists {}").format(_ident(name)))
-        return name
+        with _exclusive(conn, name):
+            if find(conn, name) is None:
+                return None
+            conn.execute(sql.SQL("drop index concurrently if exists {}").format(_ident(name)))
+    forget_schemas()
+    return name
+
+
+@contextlib.contextmanager
+def _exclusive(conn: psycopg.Connection[Any], name: str) -> Iterator[None]:
+    """One add or drop of an index at a time: a concurrent build shows as an invalid index,
+    which a second add would take for a crashed one and drop."""
+    row = conn.execute(_LOCK, (name,)).fetchone()
+    building = conn.execute(_BUILDING, (name,)).fetchone()
+    if not (row and row[0]) or (building and building[0]):
+        if row and row[0]:
+            conn.execute(_UNLOCK, (name,))
+        raise IndexBuildFailed(
+            f"filter index {name} is being built or dropped by another session: wait for it "
+            "(pg_stat_progress_create_index shows a build), then run the command again"
+        )
+    try:
+        yield
+    finally:
+        conn.execute(_UNLOCK, (name,))
 
 
 def _drop_quickly(conn: psycopg.Connection[Any], name: str) -> bool:
@@ -263,7 +316,7 @@ def _run_with_progress(
                 row = watch.execute(_PROGRESS, (pid,)).fetchone()
                 if row is not None:
                     progress(str(row[0]), int(row[1] or 0), int(row[2] or 0))
-    except KeyboardInterrupt:
+    except BaseException:  # Ctrl-C, a failing progress callback, a lost watch connection
         conn.cancel_safe()
         worker.join()
         raise

@@ -10,13 +10,15 @@ declared schema: key → ``text``, ``integer``, ``numeric``, ``boolean``, ``date
 
 SQL shape (measured with EXPLAIN, see docs/filters-and-answers.md):
 
-- equality and array containment are ``metadata @> %(f0)s::jsonb``, one per key, which the
-  ``gin (metadata jsonb_path_ops)`` index serves (several in one index scan);
+- equality and array containment of one object level are merged into a single
+  ``metadata @> %(f0)s::jsonb``, which the ``gin (metadata jsonb_path_ops)`` index serves;
+  a key of a filter index (``split_keys``) gets an ``@>`` of its own;
 - ``$in`` is ``metadata @> any(%(f1)s::jsonb[])`` (a bitmap index scan with one index search
   per value);
-- the ranges of one key are one ``metadata @? %(f2)s::jsonpath`` built from schema keys and
-  JSON-encoded values. A range is two-valued: a missing key or a stored value
-  of another type is false, never NULL and never a cast error;
+- ranges of one object level are merged into a single ``metadata @? %(f2)s::jsonpath`` built
+  from schema keys and JSON-encoded values (a filter index's key: one of its own). A range
+  is two-valued: a missing key or a stored value of another type is false, never NULL and
+  never a cast error;
 - ``$ne``, ``$nin`` and ``$not`` are ``not (...)`` of the above (true when the key is missing).
 
 No key or value ever becomes SQL text: keys live only inside the bound jsonb / jsonpath values,
@@ -29,7 +31,7 @@ import datetime as dt
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from psycopg import sql
@@ -154,12 +156,19 @@ def compile_filter(
     column: sql.Composable = METADATA_COLUMN,
     doc_type_column: sql.Composable = DOC_TYPE_COLUMN,
     param_prefix: str = "pgrag_f",
+    split_keys: Collection[str] = (),
 ) -> CompiledFilter:
     """Compile ``filter`` to a boolean SQL expression; None or ``{}`` compiles to ``true``.
 
     ``schema`` maps each metadata key to its type (FILTER_TYPES). Raises InvalidFilter for an
     unknown key or operator, a value of the wrong type, or a filter too large or too deep.
     Placeholders are named ``<param_prefix><n>``; pass ``result.params`` with the statement.
+
+    ``split_keys``: the keys of the store's filter indexes (pgrag/filter_index.py). Each gets a
+    condition of its own, in a canonical form (sorted ranges and array elements, integral
+    numbers as integers), so that the planner finds a filter index's predicate among the
+    conditions; the other keys of a level stay merged in one ``@>`` (and one ``@?``), which
+    the planner estimates jointly.
     """
     check_schema(schema)
     if not _PREFIX_RE.fullmatch(param_prefix):
@@ -167,7 +176,7 @@ def compile_filter(
     if filter is None:
         return CompiledFilter([sql.SQL("true")], {})
     check_shape(filter)
-    compiler = _Compiler(schema, column, doc_type_column, param_prefix)
+    compiler = _Compiler(schema, column, doc_type_column, param_prefix, frozenset(split_keys))
     expr = compiler.object(filter, depth=1, where="the filter")
     return CompiledFilter([expr], compiler.params)
 
@@ -271,7 +280,9 @@ class _Compiler:
         column: sql.Composable,
         doc_type_column: sql.Composable,
         prefix: str,
+        split_keys: frozenset[str],
     ) -> None:
+        self.split_keys = split_keys
         self.schema = schema
         self.column = column
         self.doc_type_column = doc_type_column
@@ -336,22 +347,36 @@ class _Compiler:
                 raise InvalidFilter(
                     f"unknown filter key {key!r}: valid keys are {self.valid_keys()}"
                 )
-        # one condition per key: a filter index (pgrag.filter_index) on {"segment": "VIP"} is
-        # used by any search whose filter also says "segment": "VIP", since the planner proves a
-        # partial index's predicate only from identical conditions
+        # A filter index's key gets its own condition, in one canonical form: the planner uses
+        # a partial index only when the query's conditions include its predicate, identical.
+        # The other keys stay merged, estimated jointly (per-key conditions would be estimated
+        # as independent: 100x too few rows for two correlated keys).
         head: list[sql.Composable] = []
+        merged = {k: v for k, v in contains.items() if k not in self.split_keys}
+        if merged:
+            head.append(self.containment(merged))
         for key, value in contains.items():
-            one = json.dumps({key: value})
-            head.append(sql.SQL("{} @> {}::jsonb").format(self.column, self.bind(one)))
-        for conditions in ranges.values():
-            path = "$ ? (" + " && ".join(conditions) + ")"
-            head.append(sql.SQL("{} @? {}::jsonpath").format(self.column, self.bind(path)))
+            if key in self.split_keys:
+                head.append(self.containment({key: _canonical(value)}))
+        merged_ranges = [c for k, cs in ranges.items() if k not in self.split_keys for c in cs]
+        if merged_ranges:
+            head.append(self.jsonpath(merged_ranges))
+        for key, conditions in ranges.items():
+            if key in self.split_keys:
+                head.append(self.jsonpath(sorted(conditions)))
         parts = head + parts
         if not parts:
             return sql.SQL("true")
         if len(parts) == 1:
             return parts[0]
         return sql.SQL("({})").format(sql.SQL(" and ").join(parts))
+
+    def containment(self, pairs: Mapping[str, Any]) -> sql.Composable:
+        return sql.SQL("{} @> {}::jsonb").format(self.column, self.bind(json.dumps(pairs)))
+
+    def jsonpath(self, conditions: list[str]) -> sql.Composable:
+        path = "$ ? (" + " && ".join(conditions) + ")"
+        return sql.SQL("{} @? {}::jsonpath").format(self.column, self.bind(path))
 
     def logical(self, op: str, value: Any, *, depth: int) -> sql.Composable:
         self.count()
@@ -443,6 +468,8 @@ class _Compiler:
                 parts.append(self.any_of(key, [v for v in values], negate=op == "$nin"))
             else:
                 checked = self.value(key, type_name, operand)
+                if key in self.split_keys:
+                    checked = _canonical(checked)
                 ranges.setdefault(key, []).append(
                     "@." + json.dumps(key) + " " + _JSONPATH_OPS[op] + " " + json.dumps(checked)
                 )
@@ -529,6 +556,16 @@ def _check_text(key: str, value: Any) -> None:
         raise InvalidFilter(
             f"filter value for {key!r} is not valid Unicode (a lone surrogate): send UTF-8 text"
         ) from None
+
+
+def _canonical(value: Any) -> Any:
+    """One JSON form per value: integral numbers as integers, arrays sorted without repeats
+    (containment ignores order and repeats; jsonb keeps a number's written scale)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, list):
+        return sorted({_canonical(v) for v in value})
+    return value
 
 
 def _coerce(type_name: str, value: Any) -> Any:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, LiteralString
 
@@ -342,10 +342,12 @@ def make_request(
     rrf_k: int,
     fts_limit: int,
     context: AdaptContext | None = None,
+    split_keys: Collection[str] = (),
 ) -> SearchRequest:
-    """Validate a search and compile its filter; ``schema`` is the searched types' metadata.
-    ``context`` (the connection) quotes the filter's literal text for its encoding and
-    settings; without one psycopg quotes for libpq's last connection."""
+    """Validate a search and compile its filter; ``schema`` is the searched types' metadata,
+    ``split_keys`` the store's filter indexes' keys (``compile_filter``). ``context`` (the
+    connection) quotes the filter's literal text for its encoding and settings; without one
+    psycopg quotes for libpq's last connection."""
     if mode not in MODES:
         raise ConfigError(f"search mode {mode!r} is unknown: use one of {', '.join(MODES)}")
     if match not in MATCHES:
@@ -387,7 +389,11 @@ def make_request(
     if mode != "vector" and not (text and text.strip()):
         raise ConfigError(f"a {mode} search needs a search text: pass the question")
     compiled = compile_filter(
-        filter or None, schema or {}, column=METADATA, doc_type_column=DOC_TYPE
+        filter or None,
+        schema or {},
+        column=METADATA,
+        doc_type_column=DOC_TYPE,
+        split_keys=split_keys,
     )
     where: sql.Composable = compiled
     has_filter = bool(filter)
@@ -415,9 +421,13 @@ def make_request(
 
 # ---------------------------------------------------------------- metadata schemas (cached)
 
-_SCHEMAS: dict[tuple[str, str, str], tuple[float, dict[str, dict[str, str]]]] = {}
+_SCHEMAS: dict[tuple[str, str, str], tuple[float, dict[str, dict[str, str]], frozenset[str]]] = {}
 _SCHEMAS_LOCK = threading.Lock()
-_SCHEMA_QUERY: LiteralString = "select name, metadata_schema from pgrag.doc_types"
+# the declared types' schemas, and a last row: the filter indexes' keys (split_keys)
+_SCHEMA_QUERY: LiteralString = (
+    "select name, metadata_schema from pgrag.doc_types "
+    "union all select null, to_jsonb(pgrag.filter_index_keys())"
+)
 
 
 def _db_key(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> tuple[str, str, str]:
@@ -425,23 +435,29 @@ def _db_key(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> tup
     return (str(info.host), str(info.port), str(info.dbname))
 
 
-def _cached_schemas(key: tuple[str, str, str]) -> dict[str, dict[str, str]] | None:
+def _cached_schemas(
+    key: tuple[str, str, str],
+) -> tuple[dict[str, dict[str, str]], frozenset[str]] | None:
     with _SCHEMAS_LOCK:
         hit = _SCHEMAS.get(key)
     if hit is None or time.monotonic() - hit[0] > SCHEMA_TTL_S:
         return None
-    return hit[1]
+    return hit[1], hit[2]
 
 
-def _store_schemas(key: tuple[str, str, str], rows: list[tuple[Any, ...]]) -> dict[str, Any]:
-    schemas = {str(r[0]): dict(r[1]) for r in rows}
+def _store_schemas(
+    key: tuple[str, str, str], rows: list[tuple[Any, ...]]
+) -> tuple[dict[str, dict[str, str]], frozenset[str]]:
+    schemas = {str(r[0]): dict(r[1]) for r in rows if r[0] is not None}
+    split = frozenset(str(k) for r in rows if r[0] is None for k in r[1])
     with _SCHEMAS_LOCK:
-        _SCHEMAS[key] = (time.monotonic(), schemas)
-    return schemas
+        _SCHEMAS[key] = (time.monotonic(), schemas, split)
+    return schemas, split
 
 
 def forget_schemas() -> None:
-    """Drop the cached document-type schemas (they refresh by themselves after 30 s)."""
+    """Drop the cached document-type schemas and filter-index keys (they refresh by themselves
+    after 30 s)."""
     with _SCHEMAS_LOCK:
         _SCHEMAS.clear()
 
@@ -630,7 +646,9 @@ def search(
         ):
             if req.mode != "text":
                 conn.execute(SETTINGS, req.params)
-            cur.execute(statement, req.params)
+            # never prepared: a generic plan cannot use a filter index (a partial index) and
+            # plans without the filter's values; planning is part of every search anyway
+            cur.execute(statement, req.params, prepare=False)
             rows = cur.fetchall()
         timings["search_ms"] = _ms(time.perf_counter() - t0)
     except psycopg.Error as exc:
@@ -655,50 +673,72 @@ def filter_schema(
     Schemas are cached per database for a short while; a filter that fails against the cached
     ones is checked once more against fresh ones (a type may just have been declared).
     """
+    return _filter_info_sync(conn, filter, doc_types, None)[0]
+
+
+def _checked(
+    entry: tuple[dict[str, dict[str, str]], frozenset[str]],
+    filter: Mapping[str, Any],
+    doc_types: Sequence[str] | None,
+    schema: Mapping[str, str] | None,
+) -> tuple[dict[str, str], frozenset[str]]:
+    use = dict(schema) if schema is not None else schema_for(entry[0], doc_types)
+    compile_filter(filter, use)
+    return use, entry[1]
+
+
+def _filter_info_sync(
+    conn: psycopg.Connection[Any],
+    filter: Mapping[str, Any],
+    doc_types: Sequence[str] | None,
+    schema: Mapping[str, str] | None,
+) -> tuple[dict[str, str], frozenset[str]]:
+    """(schema, the filter indexes' keys) for a filtered search; ``schema`` if given."""
     key = _db_key(conn)
-    for attempt in range(2):
-        schemas = _cached_schemas(key) if attempt == 0 else None
-        if schemas is None:
-            schemas = _store_schemas(key, conn.execute(_SCHEMA_QUERY).fetchall())
-        schema = schema_for(schemas, doc_types)
+    entry = _cached_schemas(key)
+    if entry is not None:
         try:
-            compile_filter(filter, schema)
-            return schema
+            return _checked(entry, filter, doc_types, schema)
         except InvalidFilter:
-            if attempt == 1:
+            if schema is not None:
                 raise
-    raise AssertionError("unreachable")
+    entry = _store_schemas(key, conn.execute(_SCHEMA_QUERY).fetchall())
+    return _checked(entry, filter, doc_types, schema)
 
 
 def _request_sync(conn: psycopg.Connection[Any], **kw: Any) -> SearchRequest:
-    if kw["schema"] is None and kw["filter"]:
-        kw["schema"] = filter_schema(conn, kw["filter"], kw["doc_types"])
+    if kw["filter"]:
+        kw["schema"], kw["split_keys"] = _filter_info_sync(
+            conn, kw["filter"], kw["doc_types"], kw["schema"]
+        )
     return make_request(**kw, context=conn)
 
 
-async def _filter_schema_async(
-    conn: psycopg.AsyncConnection[Any], filter: Mapping[str, Any], doc_types: Sequence[str] | None
-) -> dict[str, str]:
-    """``filter_schema`` for an async connection."""
+async def _filter_info_async(
+    conn: psycopg.AsyncConnection[Any],
+    filter: Mapping[str, Any],
+    doc_types: Sequence[str] | None,
+    schema: Mapping[str, str] | None,
+) -> tuple[dict[str, str], frozenset[str]]:
+    """``_filter_info_sync`` for an async connection."""
     key = _db_key(conn)
-    for attempt in range(2):
-        schemas = _cached_schemas(key) if attempt == 0 else None
-        if schemas is None:
-            cur = await conn.execute(_SCHEMA_QUERY)
-            schemas = _store_schemas(key, await cur.fetchall())
-        schema = schema_for(schemas, doc_types)
+    entry = _cached_schemas(key)
+    if entry is not None:
         try:
-            compile_filter(filter, schema)
-            return schema
+            return _checked(entry, filter, doc_types, schema)
         except InvalidFilter:
-            if attempt == 1:
+            if schema is not None:
                 raise
-    raise AssertionError("unreachable")
+    cur = await conn.execute(_SCHEMA_QUERY)
+    entry = _store_schemas(key, await cur.fetchall())
+    return _checked(entry, filter, doc_types, schema)
 
 
 async def _request_async(conn: psycopg.AsyncConnection[Any], **kw: Any) -> SearchRequest:
-    if kw["schema"] is None and kw["filter"]:
-        kw["schema"] = await _filter_schema_async(conn, kw["filter"], kw["doc_types"])
+    if kw["filter"]:
+        kw["schema"], kw["split_keys"] = await _filter_info_async(
+            conn, kw["filter"], kw["doc_types"], kw["schema"]
+        )
     return make_request(**kw, context=conn)
 
 
@@ -730,7 +770,7 @@ async def asearch(
     timings: dict[str, float] = {}
     try:
         if filter and schema is None:  # a bad filter fails before the model loads
-            schema = await _filter_schema_async(conn, filter, doc_types)
+            schema = (await _filter_info_async(conn, filter, doc_types, None))[0]
         if mode != "text" and vector is None and query:
             qv = await _query_cache(embedder).aembed(conn, query)
             vector, model = qv.vector, qv.model
@@ -762,7 +802,7 @@ async def asearch(
         ):
             if req.mode != "text":
                 await conn.execute(SETTINGS, req.params)
-            await cur.execute(statement, req.params)
+            await cur.execute(statement, req.params, prepare=False)  # as in search()
             rows = await cur.fetchall()
         timings["search_ms"] = _ms(time.perf_counter() - t0)
     except psycopg.Error as exc:

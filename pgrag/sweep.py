@@ -211,6 +211,7 @@ def set_filter_indexes(url: str, wanted: bool, progress: Progress | None = None)
         index, built = filter_index.add(
             url,
             synthetic.SELECTIVITIES[label],
+            schema=synthetic.SCHEMA,  # a store loaded before types declared their schema
             maintenance_work_mem="4GB",
             progress=_relabel(progress, f"filter index {label}"),
         )

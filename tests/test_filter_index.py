@@ -40,10 +40,12 @@ def store_url(pg_server: Any, template_db: str) -> Iterator[str]:
 
 def _plan(conn: psycopg.Connection[Any], flt: dict[str, Any]) -> str:
     # exact_threshold 0: the vector leg always walks an index, whichever the planner picks
+    schema, split_keys = s._filter_info_sync(conn, flt, None, None)  # as search() does
     req = _vector_request(
         synthetic.queries(1)[0][0],
         flt,
-        schema=s.filter_schema(conn, flt, None),
+        schema=schema,
+        split_keys=split_keys,
         exact_threshold=0,
         context=conn,
     )
@@ -254,3 +256,66 @@ def test_a_reembed_to_another_dimension_keeps_filter_indexes(db_url: str) -> Non
         ).fetchone()
     assert after.name == index.name and after.valid and after.filter == {"p10": True}
     assert typ == ("vector(8)",)
+
+
+def test_every_search_on_one_connection_uses_it(store_url: str) -> None:
+    # psycopg prepares a statement run 5 times; a generic plan could not use a partial index
+    name = _index_name(store_url, {"p10": True})
+    qv, _ = synthetic.queries(12)
+    with psycopg.connect(store_url) as conn:
+        for q in qv:
+            s.search(
+                conn,
+                vector=q,
+                model="synthetic",
+                filter={"p10": True},
+                mode="vector",
+                exact_threshold=0,
+            )
+        row = conn.execute(
+            "select pg_stat_get_xact_numscans(%s::regclass)", (f"pgrag.{name}",)
+        ).fetchone()
+    assert row is not None and row[0] >= 12
+
+
+def test_a_range_index_serves_the_range_however_written(store_url: str) -> None:
+    index, _ = filter_index.add(store_url, {"bucket": {"$lt": 500, "$gte": 100}})
+    try:
+        with psycopg.connect(store_url) as conn:
+            plan = _plan(conn, {"all": True, "bucket": {"$gte": 100.0, "$lt": 500}})
+        assert index.name in plan
+    finally:
+        filter_index.drop(store_url, index.name)
+
+
+def test_filters_that_select_all_or_nothing_are_refused(store_url: str) -> None:
+    with pytest.raises(ConfigError, match="matches every chunk"):
+        filter_index.add(store_url, {"topic": {"$nin": []}})
+    with pytest.raises(ConfigError, match="matches no chunk"):
+        filter_index.add(store_url, {"topic": {"$in": []}})
+
+
+def test_one_add_or_drop_of_an_index_at_a_time(store_url: str) -> None:
+    name = _index_name(store_url, {"p1": True})
+    with psycopg.connect(store_url, autocommit=True) as other:
+        other.execute(
+            "select pg_advisory_lock(hashtextextended('pgrag filter index ' || %s, 0))", (name,)
+        )
+        with pytest.raises(IndexBuildFailed, match="being built or dropped by another session"):
+            filter_index.add(store_url, {"p1": True})
+        with pytest.raises(IndexBuildFailed, match="being built or dropped"):
+            filter_index.drop(store_url, name)
+
+
+def test_an_error_in_the_progress_callback_cancels_the_build(store_url: str) -> None:
+    with psycopg.connect(store_url) as writer:
+        writer.execute("update pgrag.chunks set updated_at = updated_at where id = 1")
+
+        def progress(phase: str, done: int, total: int) -> None:  # noqa: ARG001
+            writer.rollback()  # lets the cleanup's drop through
+            raise ValueError("the progress display broke")
+
+        with pytest.raises(ValueError, match="display broke"):
+            filter_index.add(store_url, {"p1": True}, progress=progress)
+    with psycopg.connect(store_url) as conn:
+        assert [i.filter for i in filter_index.list_indexes(conn)] == [{"p10": True}]

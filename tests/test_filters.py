@@ -213,35 +213,68 @@ def test_empty_filter_is_true() -> None:
     assert compile_filter({}, SCHEMA).params == {}
 
 
-def test_each_key_is_its_own_condition() -> None:
-    # one containment per key, so that a filter index's predicate is found among them
+def test_equalities_of_one_level_are_one_containment() -> None:
     compiled = compile_filter(
         {"segment": "VIP", "has_returns": True, "categories": {"$contains": ["Books", "Toys"]}},
         SCHEMA,
     )
-    assert render(compiled) == (
-        '("metadata" @> %(pgrag_f0)s::jsonb and "metadata" @> %(pgrag_f1)s::jsonb'
-        ' and "metadata" @> %(pgrag_f2)s::jsonb)'
-    )
-    assert [json.loads(compiled.params[f"pgrag_f{i}"]) for i in range(3)] == [
-        {"segment": "VIP"},
-        {"has_returns": True},
-        {"categories": ["Books", "Toys"]},
-    ]
+    assert render(compiled) == '"metadata" @> %(pgrag_f0)s::jsonb'
+    assert json.loads(compiled.params["pgrag_f0"]) == {
+        "segment": "VIP",
+        "has_returns": True,
+        "categories": ["Books", "Toys"],
+    }
 
 
-def test_ranges_of_one_key_are_one_jsonpath() -> None:
+def test_ranges_of_one_level_are_one_jsonpath() -> None:
     compiled = compile_filter(
         {"order_date": {"$gte": "2024-01-01", "$lte": "2024-01-31"}, "total": {"$gt": 10.5}},
         SCHEMA,
     )
-    assert render(compiled) == (
-        '("metadata" @? %(pgrag_f0)s::jsonpath and "metadata" @? %(pgrag_f1)s::jsonpath)'
-    )
+    assert render(compiled) == '"metadata" @? %(pgrag_f0)s::jsonpath'
     assert compiled.params["pgrag_f0"] == (
-        '$ ? (@."order_date" >= "2024-01-01" && @."order_date" <= "2024-01-31")'
+        '$ ? (@."order_date" >= "2024-01-01" && @."order_date" <= "2024-01-31" && @."total" > 10.5)'
     )
-    assert compiled.params["pgrag_f1"] == '$ ? (@."total" > 10.5)'
+
+
+def test_a_filter_index_key_gets_its_own_canonical_condition() -> None:
+    # split_keys (the store's filter indexes' keys): an @> / @? of its own, in one form
+    compiled = compile_filter(
+        {
+            "segment": "VIP",
+            "has_returns": True,
+            "categories": {"$contains": ["Toys", "Books", "Toys"]},
+            "total": {"$lt": 500.0, "$gte": 100},
+            "order_date": {"$gte": "2024-01-01"},
+        },
+        SCHEMA,
+        split_keys={"categories", "total", "segment"},
+    )
+    assert render(compiled) == (
+        '("metadata" @> %(pgrag_f0)s::jsonb and "metadata" @> %(pgrag_f1)s::jsonb'
+        ' and "metadata" @> %(pgrag_f2)s::jsonb and "metadata" @? %(pgrag_f3)s::jsonpath'
+        ' and "metadata" @? %(pgrag_f4)s::jsonpath)'
+    )
+    assert [compiled.params[f"pgrag_f{i}"] for i in range(5)] == [
+        '{"has_returns": true}',
+        '{"segment": "VIP"}',
+        '{"categories": ["Books", "Toys"]}',
+        '$ ? (@."order_date" >= "2024-01-01")',
+        '$ ? (@."total" < 500 && @."total" >= 100)',
+    ]
+    # the same conditions written otherwise compile to the same SQL and values
+    again = compile_filter(
+        {
+            "order_date": {"$gte": "2024-01-01"},
+            "total": {"$gte": 100.0, "$lt": 500},
+            "categories": {"$contains": ["Books", "Toys"]},
+            "has_returns": True,
+            "segment": {"$eq": "VIP"},
+        },
+        SCHEMA,
+        split_keys={"categories", "total", "segment"},
+    )
+    assert sorted(again.params.values()) == sorted(compiled.params.values())
 
 
 def test_in_ne_nin_not_and_doc_type_shapes() -> None:

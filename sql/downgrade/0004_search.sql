@@ -12,4 +12,5 @@ drop function if exists pgrag.search_tsquery(text, text, text[]);
 drop function if exists pgrag.common_lexemes(real, bigint);
 drop function if exists pgrag.stats_common_lexemes(real, bigint);
 drop function if exists pgrag.estimate_rows(text);
+drop function if exists pgrag.filter_index_keys();
 drop table pgrag.doc_stats;

@@ -249,6 +249,29 @@ comment on function pgrag.estimate_rows(text) is
 --   it holds them all, or compares every matching vector again.
 --   fts: full-text matches ranked by ts_rank_cd (the first fts_limit matching rows).
 --   fused: reciprocal rank fusion, 1 / (rrf_k + rank) summed over the two lists.
+create or replace function pgrag.filter_index_keys()
+returns text[]
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+    -- The top-level keys of the filters of the store's filter indexes (pgrag/filter_index.py:
+    -- partial HNSW indexes named chunks_embedding_hnsw_f_*, their filter JSON as the comment).
+    -- Searches give these keys a condition of their own, which the planner matches against
+    -- the indexes' predicates.
+    select coalesce(array_agg(distinct k.key order by k.key), '{}')
+    from pg_index x
+    join pg_class i on i.oid = x.indexrelid
+    cross join lateral (select obj_description(i.oid, 'pg_class') as d) c
+    cross join lateral jsonb_object_keys(
+        case when pg_input_is_valid(c.d, 'jsonb') and jsonb_typeof(c.d::jsonb) = 'object'
+             then c.d::jsonb else '{}'::jsonb end) as k(key)
+    where x.indrelid = 'pgrag.chunks'::regclass
+      and i.relname like 'chunks\_embedding\_hnsw\_f\_%'
+$$;
+
+comment on function pgrag.filter_index_keys() is
+    'The top-level keys of the filter indexes'' filters, which searches split out';
+
 create or replace function pgrag.run_search(
     mode text,
     query_text text,
@@ -280,6 +303,7 @@ declare
     where_sql text := 'true';
     estimate_sql text := 'true';  -- where_sql with literal values, for pgrag.estimate_rows
     filter_sql text;
+    split text[];
     has_filter boolean := filter is not null or doc_types is not null;
     kc integer;
     stmt text;
@@ -319,13 +343,18 @@ begin
     where e.extname = 'vector';
     op := format('OPERATOR(%I.<=>)', vs);
     if filter is not null then
-        -- one containment per key, as the Python client compiles a filter: the planner then
-        -- proves the predicate of a filter index (pgrag filter-index) on some of the keys
-        select coalesce(string_agg(format(' and c.metadata @> %L::jsonb',
-                                          jsonb_build_object(e.key, e.value)), '' order by e.key),
-                        '')
+        -- as the Python client compiles a filter: the keys of filter indexes (pgrag
+        -- filter-index) one containment each, so that the planner proves such an index's
+        -- predicate; the other keys in one containment, which it estimates jointly
+        split := pgrag.filter_index_keys();
+        filter_sql := case when filter - split = '{}'::jsonb then ''
+                           else format(' and c.metadata @> %L::jsonb', filter - split) end;
+        select filter_sql || coalesce(string_agg(
+                   format(' and c.metadata @> %L::jsonb', jsonb_build_object(e.key, e.value)),
+                   '' order by e.key), '')
           into filter_sql
-          from jsonb_each(filter) e;
+          from jsonb_each(filter) e
+         where e.key = any(split);
         where_sql := where_sql || filter_sql;
         estimate_sql := estimate_sql || filter_sql;
     end if;
