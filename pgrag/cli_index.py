@@ -19,7 +19,7 @@ def filter_index() -> None:
 
     A search whose filter contains an index's filter (the same keys with the same conditions,
     at the top level or in an $and) walks that index's graph, which holds only the matching
-    chunks: at 1,000,000 chunks a 10% filter went from 16 ms to 5 ms p95.
+    chunks: at 1,000,000 chunks a 10% filter went from 12.8 ms to 4.5 ms p95.
     """
 
 

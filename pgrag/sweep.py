@@ -220,7 +220,7 @@ def set_filter_indexes(url: str, wanted: bool, progress: Progress | None = None)
             f"{label} `{index.filter_json}` ({index.rows:,} chunks, "
             f"{index.size_bytes / 2**20:,.0f} MB{took})"
         )
-    return "; ".join(notes)
+    return "; ".join(notes) + " (the planner picks them for the bare pgvector statement too)"
 
 
 def _relabel(progress: Progress | None, label: str) -> Progress | None:
@@ -457,12 +457,7 @@ def markdown(reports: Sequence[SizeReport], command: str, stem: str = "search-sw
             f"({os.cpu_count()} CPUs): latencies are this machine's under that load. "
             f"Memory: {rep.memory}."
             + (f" Tuning: {rep.tuned}." if rep.tuned else "")
-            + (
-                f" Filter indexes: {rep.filter_indexes} (the planner picks them for the bare "
-                "pgvector statement too)."
-                if rep.filter_indexes
-                else ""
-            )
+            + (f" Filter indexes: {rep.filter_indexes}." if rep.filter_indexes else "")
             + (f" Load and index build: {rep.load_seconds:.0f} s." if rep.load_seconds else ""),
             "",
             f"![recall and p95 latency at {rep.rows:,} chunks](img/{stem}-{rep.rows}.png)",
