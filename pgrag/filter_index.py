@@ -47,7 +47,9 @@ select i.relname as name,
        greatest(i.reltuples, 0)::bigint as rows,
        pg_relation_size(i.oid) as size_bytes,
        x.indisvalid as valid,
-       exists (select from pg_stat_progress_create_index p where p.index_relid = i.oid)
+       exists (select from pg_stat_progress_create_index p
+               where p.index_relid = i.oid
+                 and p.datid = (select oid from pg_database where datname = current_database()))
            as building
 from pg_index x
 join pg_class i on i.oid = x.indexrelid
@@ -74,7 +76,8 @@ _UNLOCK: LiteralString = (
 )
 _BUILDING: LiteralString = (
     "select exists (select from pg_stat_progress_create_index "
-    "where index_relid = to_regclass('pgrag.' || quote_ident(%s)))"
+    "where index_relid = to_regclass('pgrag.' || quote_ident(%s)) "
+    "and datid = (select oid from pg_database where datname = current_database()))"
 )
 _PROGRESS: LiteralString = (
     "select phase, blocks_done, blocks_total from pg_stat_progress_create_index where pid = %s"
@@ -143,9 +146,10 @@ def plan(
     )
     predicate = with_literals(compiled, compiled.params)
     shown = predicate.as_string(conn)
-    if shown.strip("()") in ("true", "false"):
+    constant = _constant(conn, predicate)
+    if constant is not None:
         raise ConfigError(
-            f"filter {text} matches {'every' if 'true' in shown else 'no'} chunk: a filter "
+            f"filter {text} matches {'every' if constant else 'no'} chunk: a filter "
             "index needs a filter that selects some of them"
         )
     # named by the predicate: {"k": 1} and {"k": {"$eq": 1}} are one index
@@ -167,6 +171,21 @@ def plan(
     )
     comment = sql.SQL("comment on index {} is {}").format(ident, sql.Literal(text))
     return Plan(name=name, filter_json=text, create=create, comment=comment)
+
+
+def _constant(conn: psycopg.Connection[Any], predicate: sql.Composable) -> bool | None:
+    """True or False if PostgreSQL folds ``predicate`` to a constant (``not false``,
+    ``k and false``...), else None."""
+    query = sql.SQL("explain (format json, costs off) select from pgrag.chunks where {}")
+    row = conn.execute(query.format(predicate)).fetchone()
+    assert row is not None
+    plan = row[0][0]["Plan"]
+    if plan.get("One-Time Filter") == "false":
+        return False
+    text = json.dumps(plan)
+    if not any(f'"{k}"' in text for k in ("Filter", "Index Cond", "Recheck Cond")):
+        return True  # no condition left anywhere in the plan
+    return None
 
 
 def list_indexes(conn: psycopg.Connection[Any]) -> list[FilterIndex]:
@@ -241,7 +260,13 @@ def drop(url: str, filter_or_name: str, *, schema: Mapping[str, str] | None = No
     """Drop the index of a filter (JSON text) or of a name; its name, or None if none existed."""
     with psycopg.connect(url, autocommit=True) as conn:
         text = filter_or_name.strip()
-        name = text if text.startswith(PREFIX) else plan(conn, text, schema).name
+        if text.startswith(PREFIX):
+            name = text
+        else:
+            p = plan(conn, text, schema)
+            # an index of the same filter built by an older pgrag may have another name
+            same = [i.name for i in list_indexes(conn) if i.filter_json == p.filter_json]
+            name = p.name if find(conn, p.name) is not None or not same else same[0]
         with _exclusive(conn, name):
             if find(conn, name) is None:
                 return None
@@ -266,19 +291,24 @@ def _exclusive(conn: psycopg.Connection[Any], name: str) -> Iterator[None]:
     try:
         yield
     finally:
-        conn.execute(_UNLOCK, (name,))
+        if not conn.broken:  # a lost connection took the session lock with it
+            with contextlib.suppress(psycopg.Error):
+                conn.execute(_UNLOCK, (name,))
 
 
 def _drop_quickly(conn: psycopg.Connection[Any], name: str) -> bool:
     """Drop an invalid index unless that waits on open transactions longer than
     CLEANUP_LOCK_TIMEOUT (the ones that may have stalled the build); True if it is left."""
+    if conn.broken:
+        return True
     try:
         conn.execute("select set_config('lock_timeout', %s, false)", (CLEANUP_LOCK_TIMEOUT,))
         conn.execute(sql.SQL("drop index concurrently if exists {}").format(_ident(name)))
-    except psycopg.errors.LockNotAvailable:
+    except psycopg.Error:  # the lock timeout, or a connection lost meanwhile
         return True
     finally:
-        conn.execute("select set_config('lock_timeout', '0', false)")
+        if not conn.broken:
+            conn.execute("select set_config('lock_timeout', '0', false)")
     return False
 
 

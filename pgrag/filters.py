@@ -336,7 +336,8 @@ class _Compiler:
             elif key == DOC_TYPE_KEY:
                 parts.append(self.doc_type(value))
             elif key in self.schema:
-                parts.extend(self.field(key, self.schema[key], value, contains, ranges))
+                canonical = depth == 1 and key in self.split_keys
+                parts.extend(self.field(key, self.schema[key], value, contains, ranges, canonical))
             elif key.startswith("$"):
                 raise InvalidFilter(
                     f"unknown operator {key!r} at the level of keys: use $and, $or or $not "
@@ -351,18 +352,21 @@ class _Compiler:
         # a partial index only when the query's conditions include its predicate, identical.
         # The other keys stay merged, estimated jointly (per-key conditions would be estimated
         # as independent: 100x too few rows for two correlated keys).
+        # (top level only: pgrag.filter_index_keys() reads a filter's top-level keys, and nested
+        # levels must compile alike whichever filter indexes exist)
+        split = self.split_keys if depth == 1 else frozenset()
         head: list[sql.Composable] = []
-        merged = {k: v for k, v in contains.items() if k not in self.split_keys}
+        merged = {k: v for k, v in contains.items() if k not in split}
         if merged:
             head.append(self.containment(merged))
         for key, value in contains.items():
-            if key in self.split_keys:
+            if key in split:
                 head.append(self.containment({key: _canonical(value)}))
-        merged_ranges = [c for k, cs in ranges.items() if k not in self.split_keys for c in cs]
+        merged_ranges = [c for k, cs in ranges.items() if k not in split for c in cs]
         if merged_ranges:
             head.append(self.jsonpath(merged_ranges))
         for key, conditions in ranges.items():
-            if key in self.split_keys:
+            if key in split:
                 head.append(self.jsonpath(sorted(conditions)))
         parts = head + parts
         if not parts:
@@ -436,7 +440,9 @@ class _Compiler:
         value: Any,
         contains: dict[str, Any],
         ranges: dict[str, list[str]],
+        canonical: bool = False,
     ) -> list[sql.Composable]:
+        """``canonical``: values in one form (a filter index's key, see ``object``)."""
         if isinstance(value, Mapping):
             if not value:
                 raise InvalidFilter(
@@ -457,18 +463,24 @@ class _Compiler:
                     f"operators are {', '.join(valid)}"
                 )
             if is_array:
-                parts.extend(self.array_op(key, type_name, op, operand, contains))
+                parts.extend(self.array_op(key, type_name, op, operand, contains, canonical))
             elif op == "$eq":
                 contains[key] = self.value(key, type_name, operand)
             elif op == "$ne":
-                one = json.dumps({key: self.value(key, type_name, operand)})
-                parts.append(sql.SQL("(not {} @> {}::jsonb)").format(self.column, self.bind(one)))
+                one = self.value(key, type_name, operand)
+                one = _canonical(one) if canonical else one
+                parts.append(
+                    sql.SQL("(not {} @> {}::jsonb)").format(
+                        self.column, self.bind(json.dumps({key: one}))
+                    )
+                )
             elif op in ("$in", "$nin"):
                 values = [self.value(key, type_name, x) for x in self.in_list(key, op, operand)]
-                parts.append(self.any_of(key, [v for v in values], negate=op == "$nin"))
+                values = _canonical_list(values) if canonical else values
+                parts.append(self.any_of(key, values, negate=op == "$nin"))
             else:
                 checked = self.value(key, type_name, operand)
-                if key in self.split_keys:
+                if canonical:
                     checked = _canonical(checked)
                 ranges.setdefault(key, []).append(
                     "@." + json.dumps(key) + " " + _JSONPATH_OPS[op] + " " + json.dumps(checked)
@@ -476,7 +488,13 @@ class _Compiler:
         return parts
 
     def array_op(
-        self, key: str, type_name: str, op: str, operand: Any, contains: dict[str, Any]
+        self,
+        key: str,
+        type_name: str,
+        op: str,
+        operand: Any,
+        contains: dict[str, Any],
+        canonical: bool = False,
     ) -> list[sql.Composable]:
         element_type = type_name.removesuffix("[]")
         if op in ("$eq", "$contains", "$ne"):
@@ -488,7 +506,7 @@ class _Compiler:
                 )
             elements = [self.value(key, type_name, x, element_type) for x in raw]
             if op == "$ne":
-                one = json.dumps({key: elements})
+                one = json.dumps({key: _canonical(elements) if canonical else elements})
                 return [sql.SQL("(not {} @> {}::jsonb)").format(self.column, self.bind(one))]
             merged = contains.setdefault(key, [])
             merged.extend(e for e in elements if e not in merged)
@@ -496,6 +514,7 @@ class _Compiler:
         values = [
             [self.value(key, type_name, x, element_type)] for x in self.in_list(key, op, operand)
         ]
+        values = _canonical_list(values) if canonical else values
         return [self.any_of(key, values, negate=op == "$nin")]
 
     def any_of(self, key: str, values: list[Any], *, negate: bool) -> sql.Composable:
@@ -566,6 +585,12 @@ def _canonical(value: Any) -> Any:
     if isinstance(value, list):
         return sorted({_canonical(v) for v in value})
     return value
+
+
+def _canonical_list(values: list[Any]) -> list[Any]:
+    """``$in`` / ``$nin`` operands in one form: canonical values, sorted, without repeats."""
+    texts = {json.dumps(_canonical(v)) for v in values}
+    return [json.loads(t) for t in sorted(texts)]
 
 
 def _coerce(type_name: str, value: Any) -> Any:

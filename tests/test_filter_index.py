@@ -319,3 +319,23 @@ def test_an_error_in_the_progress_callback_cancels_the_build(store_url: str) -> 
             filter_index.add(store_url, {"p1": True}, progress=progress)
     with psycopg.connect(store_url) as conn:
         assert [i.filter for i in filter_index.list_indexes(conn)] == [{"p10": True}]
+
+
+def test_filters_folded_to_a_constant_are_refused(store_url: str) -> None:
+    with pytest.raises(ConfigError, match="matches every chunk"):
+        filter_index.add(store_url, {"$not": {"topic": {"$in": []}}})
+    with pytest.raises(ConfigError, match="matches no chunk"):
+        filter_index.add(store_url, {"topic": {"$in": []}, "p10": True})
+
+
+def test_drop_by_filter_finds_an_index_named_otherwise(store_url: str) -> None:
+    # an index of an older pgrag's naming: found by the filter in its comment
+    with psycopg.connect(store_url, autocommit=True) as conn:
+        conn.execute(
+            "create index chunks_embedding_hnsw_f_000000000000 on pgrag.chunks "
+            "using hnsw (embedding vector_cosine_ops) where metadata @> '{\"p1\": true}'"
+        )
+        conn.execute(
+            "comment on index pgrag.chunks_embedding_hnsw_f_000000000000 is '{\"p1\":true}'"
+        )
+    assert filter_index.drop(store_url, '{"p1": true}') == "chunks_embedding_hnsw_f_000000000000"

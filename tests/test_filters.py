@@ -618,3 +618,29 @@ def test_a_hostile_key_declared_in_a_schema_is_still_only_data(
     f2 = {keys[1]: {"$gt": 5}}
     assert run(conn, compile_filter(f2, schema), [row[0]]) == set()
     assert conn.execute("select to_regclass('x') is not null").fetchone() == (True,)
+
+
+def test_split_keys_change_the_top_level_only() -> None:
+    # an index on a nested filter is compiled with its own top-level keys; a search with the
+    # keys of every filter index: nested levels must come out the same either way
+    nested = {
+        "$and": [{"segment": "VIP", "has_returns": True}, {"total": {"$lt": 9.0}}],
+        "$not": {"categories": ["Toys", "Books"]},
+    }
+    own = compile_filter(nested, SCHEMA, split_keys=nested.keys())
+    more = compile_filter(nested, SCHEMA, split_keys={*nested, "segment", "total", "categories"})
+    assert render(own) == render(more) and own.params == more.params
+
+
+def test_split_key_operands_are_canonical() -> None:
+    a = compile_filter(
+        {"segment": {"$in": ["b", "a", "a"]}, "total": {"$ne": 2.0}},
+        SCHEMA,
+        split_keys={"segment", "total"},
+    )
+    b = compile_filter(
+        {"total": {"$ne": 2}, "segment": {"$in": ["a", "b"]}},
+        SCHEMA,
+        split_keys={"segment", "total"},
+    )
+    assert sorted(map(str, a.params.values())) == sorted(map(str, b.params.values()))

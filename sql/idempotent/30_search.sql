@@ -251,22 +251,32 @@ comment on function pgrag.estimate_rows(text) is
 --   fused: reciprocal rank fusion, 1 / (rrf_k + rank) summed over the two lists.
 create or replace function pgrag.filter_index_keys()
 returns text[]
-language sql stable security invoker
+language plpgsql stable security invoker
 set search_path = pg_catalog, pg_temp
 as $$
-    -- The top-level keys of the filters of the store's filter indexes (pgrag/filter_index.py:
-    -- partial HNSW indexes named chunks_embedding_hnsw_f_*, their filter JSON as the comment).
-    -- Searches give these keys a condition of their own, which the planner matches against
-    -- the indexes' predicates.
-    select coalesce(array_agg(distinct k.key order by k.key), '{}')
-    from pg_index x
-    join pg_class i on i.oid = x.indexrelid
-    cross join lateral (select obj_description(i.oid, 'pg_class') as d) c
-    cross join lateral jsonb_object_keys(
-        case when pg_input_is_valid(c.d, 'jsonb') and jsonb_typeof(c.d::jsonb) = 'object'
-             then c.d::jsonb else '{}'::jsonb end) as k(key)
-    where x.indrelid = 'pgrag.chunks'::regclass
-      and i.relname like 'chunks\_embedding\_hnsw\_f\_%'
+-- The top-level keys of the filters of the store's filter indexes (pgrag/filter_index.py:
+-- partial HNSW indexes named chunks_embedding_hnsw_f_*, their filter JSON as the comment).
+-- Searches give these keys a condition of their own, which the planner matches against
+-- the indexes' predicates. A comment that is not a JSON object is not a filter: skipped.
+declare
+    d text;
+    keys text[] := '{}';
+begin
+    for d in select obj_description(x.indexrelid, 'pg_class')
+               from pg_index x
+               join pg_class i on i.oid = x.indexrelid
+              where x.indrelid = 'pgrag.chunks'::regclass
+                and i.relname like 'chunks\_embedding\_hnsw\_f\_%' loop
+        begin
+            if jsonb_typeof(d::jsonb) = 'object' then
+                keys := keys || array(select jsonb_object_keys(d::jsonb));
+            end if;
+        exception when invalid_text_representation then
+            null;
+        end;
+    end loop;
+    return array(select distinct k from unnest(keys) as u(k) order by k);
+end
 $$;
 
 comment on function pgrag.filter_index_keys() is
