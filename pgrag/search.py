@@ -702,7 +702,11 @@ def _filter_info_sync(
         except InvalidFilter:
             if schema is not None:
                 raise
-    entry = _store_schemas(key, conn.execute(_SCHEMA_QUERY).fetchall())
+    try:
+        rows = conn.execute(_SCHEMA_QUERY).fetchall()
+    except psycopg.errors.UndefinedFunction as exc:
+        raise _stale_functions() from exc
+    entry = _store_schemas(key, rows)
     return _checked(entry, filter, doc_types, schema)
 
 
@@ -729,9 +733,19 @@ async def _filter_info_async(
         except InvalidFilter:
             if schema is not None:
                 raise
-    cur = await conn.execute(_SCHEMA_QUERY)
+    try:
+        cur = await conn.execute(_SCHEMA_QUERY)
+    except psycopg.errors.UndefinedFunction as exc:
+        raise _stale_functions() from exc
     entry = _store_schemas(key, await cur.fetchall())
     return _checked(entry, filter, doc_types, schema)
+
+
+def _stale_functions() -> NotMigrated:
+    return NotMigrated(
+        "this database's pgrag functions are older than this pgrag (no "
+        "pgrag.filter_index_keys()): run `pgrag db upgrade`, which refreshes them"
+    )
 
 
 async def _request_async(conn: psycopg.AsyncConnection[Any], **kw: Any) -> SearchRequest:

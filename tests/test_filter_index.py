@@ -339,3 +339,20 @@ def test_drop_by_filter_finds_an_index_named_otherwise(store_url: str) -> None:
             "comment on index pgrag.chunks_embedding_hnsw_f_000000000000 is '{\"p1\":true}'"
         )
     assert filter_index.drop(store_url, '{"p1": true}') == "chunks_embedding_hnsw_f_000000000000"
+
+
+def test_a_database_with_older_functions_says_to_upgrade(db_url: str) -> None:
+    from pgrag import migrate
+    from pgrag.errors import NotMigrated
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("drop function pgrag.filter_index_keys()")  # as before this pgrag
+        s.forget_schemas()
+        with pytest.raises(NotMigrated, match="run `pgrag db upgrade`"):
+            s.search(conn, "anything", filter={"segment": "VIP"}, mode="text")
+    migrate.refresh_idempotent(db_url)  # what `pgrag db upgrade` does at head
+    with (
+        psycopg.connect(db_url, autocommit=True) as conn,
+        pytest.raises(InvalidFilter, match="unknown filter key 'segment'"),  # it got that far
+    ):
+        s.search(conn, "anything", filter={"segment": "VIP"}, mode="text")
