@@ -5,6 +5,7 @@ drop function if exists pgrag.text_search(text, integer, jsonb, text[], text);
 drop function if exists pgrag.stats(jsonb, text[]);
 drop function if exists pgrag.context(bigint, integer);
 drop function if exists pgrag.declare_stats(text, text);
+drop function if exists pgrag.stats_statement(text, text, boolean);
 drop function if exists pgrag.doc_type_stats(text, bigint[]);
 drop function if exists pgrag.run_search(text, text, vector, integer, jsonb, text[], text, integer, integer, integer, integer, integer);
 drop function if exists pgrag.text_query(text, text);

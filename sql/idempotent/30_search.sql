@@ -98,6 +98,25 @@ $$;
 comment on function pgrag.text_query(text, text) is
     'The tsquery of a search text: all = websearch_to_tsquery (every word), any = any word';
 
+create or replace function pgrag.stats_statement(stats_sql text, hits_where text,
+                                                 materialized boolean default false)
+returns text
+language sql immutable parallel safe security invoker
+set search_path = pg_catalog, pg_temp
+-- The one statement every statistics call runs: a type's declared query (stats_sql) over the
+-- CTE hits, its chunks matching hits_where (alias c). The newline ends a `--` comment the
+-- declared query may end with.
+return format(
+    'with hits as %s(select c.id, c.doc_type, c.source_key, c.parent_id, c.parent_key, '
+    'c.metadata, c.text from pgrag.chunks c where %s) '
+    'select s.stats::jsonb from (%s',
+    case when materialized then 'materialized ' else '' end, hits_where, stats_sql)
+    || E'\n) as s(stats)';
+
+comment on function pgrag.stats_statement(text, text, boolean) is
+    'The statement of a statistics call: the declared query over the CTE hits (its columns '
+    'defined here once)';
+
 create or replace function pgrag.declare_stats(doc_type text, stats_sql text)
 returns void
 language plpgsql volatile security invoker
@@ -118,10 +137,7 @@ begin
     -- table, or does not return one jsonb column fails here, not in a user's search.
     begin
         -- (one statement: a `;` after a closing parenthesis cannot add statements of its own)
-        perform pgrag.check_one_statement(format(
-            E'with hits as (select c.id, c.doc_type, c.source_key, c.parent_id, c.parent_key, '
-            'c.metadata, c.text from pgrag.chunks c where false) '
-            'select s.stats::jsonb from (%s\n) as s(stats)', stats_sql));
+        perform pgrag.check_one_statement(pgrag.stats_statement(stats_sql, 'false'));
     exception when others then
         raise exception using
             errcode = 'PR003',
@@ -156,11 +172,7 @@ begin
     if body is null then
         return null;
     end if;
-    execute format(
-        'with hits as materialized (select c.id, c.doc_type, c.source_key, c.parent_id, '
-        'c.parent_key, c.metadata, c.text from pgrag.chunks c '
-        'where c.id = any($1) and c.doc_type = $2) '
-        'select s.stats::jsonb from (%s) as s(stats)', body)
+    execute pgrag.stats_statement(body, 'c.id = any($1) and c.doc_type = $2', true)
         into result using chunk_ids, doc_type;
     return result;
 end

@@ -256,11 +256,7 @@ begin
     if body is null then
         return null;
     end if;
-    execute format(
-        'with hits as materialized (select c.id, c.doc_type, c.source_key, c.parent_id, '
-        'c.parent_key, c.metadata, c.text from pgrag.chunks c '
-        'where c.id = any($1) and c.doc_type = $2) '
-        'select s.stats::jsonb from (%s) as s(stats)', body)
+    execute pgrag.stats_statement(body, 'c.id = any($1) and c.doc_type = $2', true)
         into result using chunk_ids, doc_type;
     return result;
 end
@@ -293,11 +289,8 @@ begin
         if body is null then
             return null;
         end if;
-        -- (the newline ends a -- comment the body may end with)
-        open cur no scroll for execute format(
-            'with hits as (select c.id, c.doc_type, c.source_key, c.parent_id, c.parent_key, '
-            'c.metadata, c.text from pgrag.chunks c where c.doc_type = $1 and (%s)) '
-            'select s.stats::jsonb from (%s%s) as s(stats)', condition, body, E'\n')
+        open cur no scroll for execute
+            pgrag.stats_statement(body, format('c.doc_type = $1 and (%s)', condition))
             using doc_type;
     else
         open cur no scroll for execute format(
@@ -379,12 +372,10 @@ begin
     if body is null then
         return null;
     end if;
-    execute format(
-        'with hits as materialized (select c.id, c.doc_type, c.source_key, c.parent_id, '
-        'c.parent_key, c.metadata, c.text from pgrag.chunks c '
-        'where c.id = any($1) and c.doc_type = $2 '
-        'and (c.tenant is null or c.tenant = $3 or $4)) '
-        'select s.stats::jsonb from (%s) as s(stats)', body)
+    execute pgrag.stats_statement(
+        body,
+        'c.id = any($1) and c.doc_type = $2 and (c.tenant is null or c.tenant = $3 or $4)',
+        true)
         into result using chunk_ids, doc_type, pgrag.current_tenant(), pgrag.sees_all_tenants();
     return result;
 end
