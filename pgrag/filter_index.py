@@ -37,7 +37,6 @@ from pgrag.filters import compile_filter, parse_filter_json, with_literals
 from pgrag.search import filter_schema, forget_schemas
 
 PREFIX = "chunks_embedding_hnsw_f_"
-STORE_INDEX = "chunks_embedding_hnsw"
 CLEANUP_LOCK_TIMEOUT = "5s"
 
 _LIST: LiteralString = """
@@ -115,7 +114,7 @@ class Plan:
     comment: sql.Composed
 
 
-def canonical(filter: Mapping[str, Any] | str) -> dict[str, Any]:
+def _as_dict(filter: Mapping[str, Any] | str) -> dict[str, Any]:
     """The filter as a dict (from JSON text if given text); InvalidFilter if it is not one."""
     if isinstance(filter, str):
         return parse_filter_json(filter)
@@ -130,7 +129,7 @@ def plan(
     """The CREATE INDEX of ``filter``'s index, compiled exactly as a search compiles it, against
     ``schema`` or else the declared metadata schemas (InvalidFilter for a filter a search would
     refuse)."""
-    flt = canonical(filter)
+    flt = _as_dict(filter)
     if not flt:
         raise ConfigError(
             "a filter index needs a filter: the store index already serves unfiltered searches"

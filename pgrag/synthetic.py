@@ -21,6 +21,8 @@ from pgvector.psycopg import register_vector
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
+from pgrag import filter_index
+
 DIM = 384
 CLUSTERS = 200
 VOCAB_PER_CLUSTER = 20
@@ -41,10 +43,6 @@ SCHEMA = {
 }
 
 _HNSW: LiteralString = "select indexdef from pg_indexes where indexname = 'chunks_embedding_hnsw'"
-_FILTER_INDEXES: LiteralString = (
-    "select indexname from pg_indexes where schemaname = 'pgrag' "
-    "and indexname like 'chunks\\_embedding\\_hnsw\\_f\\_%'"
-)
 _COPY: LiteralString = (
     "copy pgrag.chunks (doc_type, source_key, text, metadata, embedding, embedding_model) "
     "from stdin (format binary)"
@@ -142,8 +140,8 @@ def store(
         if hnsw is None:
             raise RuntimeError("the HNSW index is missing: migrate the database (pgrag db upgrade)")
         conn.execute("drop index pgrag.chunks_embedding_hnsw")
-        for (name,) in conn.execute(_FILTER_INDEXES).fetchall():  # none slows the load down
-            conn.execute(sql.SQL("drop index {}").format(sql.Identifier("pgrag", name)))
+        for index in filter_index.list_indexes(conn):  # none slows the load down
+            conn.execute(sql.SQL("drop index {}").format(sql.Identifier("pgrag", index.name)))
         conn.execute("delete from pgrag.chunks")
         conn.execute("update pgrag.settings set embedding_model = 'synthetic'")
         with conn.cursor().copy(_COPY) as cp:
