@@ -3,7 +3,6 @@
 from logging.config import fileConfig
 
 from alembic import context
-
 from pgrag.migrate import run_env
 
 if context.config.config_file_name is not None:

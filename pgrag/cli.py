@@ -401,6 +401,7 @@ def _register_subcommands() -> None:
     from pgrag.cli_index import filter_index
     from pgrag.cli_sample import sample
     from pgrag.cli_search import ask, demo, search, tune
+    from pgrag.cli_stats import stats_cache
 
     for command in (
         sample,
@@ -412,6 +413,7 @@ def _register_subcommands() -> None:
         demo,
         tune,
         filter_index,
+        stats_cache,
         *EVAL_COMMANDS,
         bench,
     ):

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from pgrag.ask import AskResult
     from pgrag.filter_index import FilterIndex
     from pgrag.search import ContextRow, SearchResult
+    from pgrag.stats_cache import CachedType
 from pgrag.errors import (
     ConnectionFailed,
     MissingExtension,
@@ -316,6 +317,25 @@ class Client:
         self.require_schema()
         with mapped_database_errors():
             return filter_index.drop(self.url, filter_or_name)
+
+    # ---- the statistics cache (pgrag/stats_cache.py) ----
+
+    def cache_stats(self, doc_type: str, enabled: bool = True) -> list[str]:
+        """Cache ``doc_type``'s exact statistics per filter, reused while the tables they read
+        are unchanged (False: compute them at every call); those tables."""
+        from pgrag import stats_cache
+
+        self.require_schema()
+        with self.connection() as conn:
+            return stats_cache.set_cached(conn, doc_type, enabled)
+
+    def stats_cache(self) -> list[CachedType]:
+        """Every type with declared statistics: cached or not, its tables, its results."""
+        from pgrag import stats_cache
+
+        self.require_schema()
+        with self.connection() as conn:
+            return stats_cache.status(conn)
 
     def upgrade(self, revision: str = "head", *, dimension: int | None = None) -> None:
         """Migrate this database (see ``pgrag.migrate.upgrade``) and refresh pooled connections."""

@@ -424,8 +424,13 @@ def revision_downgrade(downgrade_file: str, reapply_up_to: str | None = None) ->
         apply_idempotent(bind, up_to=reapply_up_to)
 
 
-# Configuration, not data: always one row, recreated by the next upgrade.
-_NOT_DATA = {("pgrag", "settings")}
+# Configuration and caches, not data: recreated (or recomputed) after the next upgrade.
+_NOT_DATA = {
+    ("pgrag", "settings"),
+    ("pgrag", "stats_cache"),
+    ("pgrag", "stats_changes"),
+    ("pgrag", "stats_cache_horizon"),
+}
 # `drop table [if exists] a.x[, b.y ...]`: every name in the list, schema-qualified (pgrag's
 # downgrade files always qualify; test_migrations checks each drop statement is read whole).
 _DROP_TABLE = re.compile(

@@ -52,9 +52,15 @@ def test_stage_breakdown_times_embed_search_and_rerank(db_url: str) -> None:
     name, by_filter = sweep.stage_breakdown(db_url, queries=3, k=5, filters={"10%": {"p10": True}})
     assert "pass-through" in name and set(by_filter) == {"10%"}
     stages = by_filter["10%"]
-    assert set(stages) == {"statement", "embed", "search", "rerank", "total"}
+    assert set(stages) == {"statement", "cached", "embed", "search", "rerank", "total"}
     assert stages["embed"]["p50"] > 0 and stages["total"]["p95"] >= stages["search"]["p50"]
-    assert stages["statement"]["p50"] > 0
+    assert stages["statement"]["p50"] > 0 and stages["cached"]["p50"] > 0
+    # the statistics cache is off again afterwards, and held one result while on
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute(
+            "select cache_deps from pgrag.doc_stats where doc_type = 'synthetic'"
+        ).fetchone()
+    assert row == (None,)
 
 
 def test_cli_bench_search_writes_into_the_output_directory(pg_server: Any, tmp_path: Path) -> None:

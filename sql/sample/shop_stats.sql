@@ -43,3 +43,8 @@ left join lateral (
     from shop.order_items i
     where i.order_id = o.order_id) t on true
 $stats$);
+
+-- Both are cached (pgrag.cache_stats; docs/search.md, "The statistics cache"): a filter's
+-- statistics are computed once and reused until a write to one of the tables they read.
+select pgrag.cache_stats('order_detail');
+select pgrag.cache_stats('customer_profile');

@@ -1,0 +1,21 @@
+"""statistics cache: exact statistics reused while the tables they read are unchanged
+
+Revision ID: 0008
+Revises: 0007
+"""
+
+from pgrag.migrate import revision_downgrade, revision_upgrade
+
+revision = "0008"
+down_revision = "0007"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    revision_upgrade(revision, "0008_stats_cache.sql")
+
+
+def downgrade() -> None:
+    # 0008 replaced pgrag.doc_type_stats_where of 40_security.sql: re-apply 0007's files
+    revision_downgrade("0008_stats_cache.sql", reapply_up_to="0007")

@@ -1,0 +1,26 @@
+-- Undo 0008 exactly: the triggers pgrag.sync_stats_triggers put on tables, the functions of
+-- idempotent/60_stats_cache.sql, the tables and the column. The revision's downgrade then
+-- re-applies the 0007 files, which restore pgrag.doc_type_stats_where without the cache.
+do $$
+declare
+    t regclass;
+begin
+    for t in select tg.tgrelid::regclass from pg_trigger tg
+              where tg.tgname = 'pgrag_stats_changed' loop
+        execute format('drop trigger pgrag_stats_changed on %s', t);
+    end loop;
+end
+$$;
+drop trigger pgrag_stats_redeclared on pgrag.doc_stats;
+drop function pgrag.stats_redeclared();
+drop function pgrag.stats_changed();
+drop function pgrag.cache_stats(text, boolean);
+drop function pgrag.sync_stats_triggers();
+drop function pgrag.stats_query_tables(text);
+drop function pgrag.stats_cache_valid(pg_snapshot, xid8, regclass[]);
+drop function pgrag.stats_cache_put(text, text, jsonb, pg_snapshot, xid8);
+drop function pgrag.prune_stats_changes();
+drop table pgrag.stats_cache_horizon;
+drop table pgrag.stats_changes;
+drop table pgrag.stats_cache;
+alter table pgrag.doc_stats drop column cache_deps;

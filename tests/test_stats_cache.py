@@ -1,0 +1,327 @@
+"""The statistics cache: a cached result is used only when it equals what the query returns.
+
+Every test compares the statistics a search gets with the declared query run afresh over the
+same snapshot (``reference``), through the writes, snapshots and transactions that could make
+a cached result stale (sql/idempotent/60_stats_cache.sql has the three conditions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+
+from pgrag import migrate, stats_cache, synthetic
+from pgrag import search as s
+from pgrag.db import connect
+from pgrag.errors import DocumentError
+
+from .conftest import run_pgrag
+from .shop_fixture import load_tiny_shop
+
+VIP = {"segment": "VIP"}
+DELIVERED = {"status": "delivered"}
+
+
+@pytest.fixture
+def shop_url(db_url: str) -> Iterator[str]:
+    """The tiny shop, committed, with both types' statistics cached (sql/sample/shop_stats.sql)."""
+    with psycopg.connect(db_url) as conn:
+        load_tiny_shop(conn)
+    s.forget_schemas()
+    yield db_url
+    s.forget_schemas()
+
+
+def stats(conn: psycopg.Connection[Any], flt: dict[str, Any]) -> dict[str, Any]:
+    """What a search reports (the cache used when it may)."""
+    return s.stats(conn, filter=flt)
+
+
+def reference(conn: psycopg.Connection[Any], flt: dict[str, Any]) -> dict[str, Any]:
+    """The declared queries run afresh over the same snapshot, never the cache."""
+    row = conn.execute(
+        "select jsonb_object_agg(d.doc_type, pgrag.doc_type_stats(d.doc_type, array("
+        "select c.id from pgrag.chunks c where c.doc_type = d.doc_type "
+        "and c.metadata @> %s))) from pgrag.doc_stats d",
+        (Jsonb(flt),),
+    ).fetchone()
+    assert row is not None
+    return dict(row[0])
+
+
+def cached_rows(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+    """(doc_type, snapshot) of every cached result: unchanged between two calls = a hit."""
+    return conn.execute(
+        "select doc_type, snap::text, computed_at from pgrag.stats_cache order by 1, 2"
+    ).fetchall()
+
+
+def revenue(result: dict[str, Any]) -> float:
+    return float(result["customer_profile"]["revenue"])
+
+
+def test_a_repeated_filter_is_served_from_the_cache_until_a_write(shop_url: str) -> None:
+    with psycopg.connect(shop_url, autocommit=True) as conn:
+        first = stats(conn, VIP)
+        assert first == reference(conn, VIP)
+        stored = cached_rows(conn)
+        assert [r[0] for r in stored] == ["customer_profile", "order_detail"]
+        assert stats(conn, VIP) == first and cached_rows(conn) == stored  # a hit: not recomputed
+        # a vector stored by the worker changes no statistics: still a hit
+        conn.execute("update pgrag.chunks set embedding_model = 'x', embedded_at = now()")
+        assert stats(conn, VIP) == first and cached_rows(conn) == stored
+        # a write to a table the query reads: recomputed, and exact
+        conn.execute(
+            "update shop.order_items set quantity = quantity + 1 where order_item_id = 102"
+        )
+        after = stats(conn, VIP)
+        assert after == reference(conn, VIP) and revenue(after) == revenue(first) + 80
+        assert cached_rows(conn) != stored
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        "insert into shop.orders values (13, 1, '2024-03-01', 'delivered')",
+        "delete from shop.order_items where order_item_id = 103",
+        "update shop.orders set status = 'cancelled' where order_id = 12",
+        "truncate shop.order_items",
+        "update shop.customers set segment = 'Regular' where customer_id = 1",
+    ],
+)
+def test_every_kind_of_write_invalidates(shop_url: str, write: str) -> None:
+    with psycopg.connect(shop_url, autocommit=True) as conn:
+        for flt in (VIP, DELIVERED):
+            stats(conn, flt)
+        conn.execute(write)
+        for flt in (VIP, DELIVERED):
+            assert stats(conn, flt) == reference(conn, flt)
+
+
+def test_a_transaction_sees_its_own_writes_and_a_rollback_leaves_the_cache_exact(
+    shop_url: str,
+) -> None:
+    with psycopg.connect(shop_url) as conn:
+        before = stats(conn, VIP)
+        conn.commit()
+        conn.execute("update shop.order_items set unit_price = 1000 where order_item_id = 102")
+        conn.execute("select pgrag.sync_now()")  # render now, as the commit would
+        inside = stats(conn, VIP)
+        assert inside == reference(conn, VIP) and revenue(inside) == revenue(before) + 920
+        conn.rollback()
+        assert stats(conn, VIP) == before == reference(conn, VIP)
+
+
+def test_a_transaction_that_writes_after_computing_leaves_no_stale_result(shop_url: str) -> None:
+    with psycopg.connect(shop_url) as a, psycopg.connect(shop_url, autocommit=True) as b:
+        # without a transaction id when it computes, then with one
+        for first_write in (None, "update shop.products set name = name where product_id = 3"):
+            if first_write:
+                a.execute(first_write)  # a table the statistics do not read
+            stats(a, VIP)  # computed and stored by a
+            a.execute("update shop.order_items set quantity = quantity + 1")
+            a.commit()
+            assert stats(b, VIP) == reference(b, VIP)
+
+
+def test_snapshots_never_mix(shop_url: str) -> None:
+    with (
+        psycopg.connect(shop_url) as old,
+        psycopg.connect(shop_url, autocommit=True) as new,
+    ):
+        old.execute("set transaction isolation level repeatable read")
+        before = stats(old, VIP)  # the old snapshot's result, cached
+        new.execute("update shop.order_items set quantity = 5 where order_item_id = 100")
+        # a newer snapshot does not get the older result ...
+        current = stats(new, VIP)
+        assert current == reference(new, VIP) and current != before
+        # ... and the older snapshot does not get the newer one
+        assert stats(old, VIP) == before == reference(old, VIP)
+        old.commit()
+        assert stats(old, VIP) == current
+
+
+def test_a_read_only_transaction_computes_without_storing(shop_url: str) -> None:
+    with psycopg.connect(shop_url) as conn:
+        conn.execute("set transaction read only")
+        assert stats(conn, VIP) == reference(conn, VIP)
+        assert cached_rows(conn) == []
+
+
+def test_redeclaring_the_query_drops_its_results_and_rereads_its_tables(shop_url: str) -> None:
+    with psycopg.connect(shop_url, autocommit=True) as conn:
+        stats(conn, VIP)
+        conn.execute(
+            "select pgrag.declare_stats('customer_profile', $q$select jsonb_build_object("
+            "'products', (select count(*) from shop.products), 'customers', count(*)) "
+            "from hits$q$)"
+        )
+        deps = conn.execute(
+            "select cache_deps::text[] from pgrag.doc_stats where doc_type = 'customer_profile'"
+        ).fetchone()
+        assert deps == (["pgrag.chunks", "shop.products"],)
+        assert stats(conn, VIP)["customer_profile"] == {"products": 3, "customers": 1}
+        conn.execute("insert into shop.products values (4, 'Lamp', 'Home', 20)")
+        assert stats(conn, VIP)["customer_profile"] == {"products": 4, "customers": 1}
+
+
+@pytest.mark.parametrize(
+    ("query", "cause"),
+    [
+        ("select jsonb_build_object('n', count(*), 'at', now()) from hits", "now()"),
+        ("select jsonb_build_object('d', current_date, 'n', count(*)) from hits", "CURRENT_DATE"),
+        ("select jsonb_build_object('r', random()) from hits", "volatile"),
+        ("select jsonb_build_object('n', shop.my_count()) from hits", "a function of yours"),
+        ("select jsonb_build_object('n', count(*)) from hits, shop.mv", "materialized view"),
+    ],
+)
+def test_a_query_that_can_change_with_no_write_is_not_cached(
+    shop_url: str, query: str, cause: str
+) -> None:
+    with psycopg.connect(shop_url, autocommit=True) as conn:
+        conn.execute(
+            "create function shop.my_count() returns bigint language sql stable "
+            "return (select count(*) from shop.orders)"
+        )
+        conn.execute("create materialized view shop.mv as select 1 as one")
+        conn.execute("select pgrag.cache_stats('order_detail', false)")
+        conn.execute("select pgrag.declare_stats('order_detail', %s)", (query,))
+        with pytest.raises(DocumentError, match=f"cannot be cached: .*{cause}"):
+            stats_cache.set_cached(conn, "order_detail")
+        # and redeclaring a cached type with such a query is refused, nothing changed
+        with pytest.raises(psycopg.Error, match="cannot be cached"):
+            conn.execute("select pgrag.declare_stats('customer_profile', %s)", (query,))
+        assert "orders" in str(
+            conn.execute(
+                "select stats_sql from pgrag.doc_stats where doc_type = 'customer_profile'"
+            ).fetchone()
+        )
+
+
+def test_a_table_whose_trigger_is_gone_or_disabled_is_never_served_stale(shop_url: str) -> None:
+    with psycopg.connect(shop_url, autocommit=True) as conn:
+        stats(conn, VIP)
+        conn.execute("alter table shop.order_items disable trigger pgrag_stats_changed")
+        conn.execute("update shop.order_items set quantity = 9")
+        assert stats(conn, VIP) == reference(conn, VIP)
+        conn.execute("alter table shop.order_items enable always trigger pgrag_stats_changed")
+        # a table dropped and recreated under the same name has no trigger: computed every time
+        conn.execute("alter table shop.order_items rename to order_items_old")
+        conn.execute("create table shop.order_items (like shop.order_items_old including all)")
+        conn.execute("insert into shop.order_items select * from shop.order_items_old")
+        conn.execute("drop table shop.order_items_old cascade")
+        stats(conn, VIP)
+        conn.execute("delete from shop.order_items where order_item_id = 102")
+        assert stats(conn, VIP) == reference(conn, VIP)
+        # cache_stats again puts the trigger on the new table
+        tables = stats_cache.set_cached(conn, "customer_profile")
+        assert "shop.order_items" in tables
+        stats(conn, VIP)
+        conn.execute("delete from shop.order_items where order_item_id = 103")
+        assert stats(conn, VIP) == reference(conn, VIP)
+
+
+def test_removing_the_statistics_removes_the_triggers_no_type_needs(shop_url: str) -> None:
+    def watched(conn: psycopg.Connection[Any]) -> list[str]:
+        rows = conn.execute(
+            "select tgrelid::regclass::text from pg_trigger "
+            "where tgname = 'pgrag_stats_changed' order by 1"
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    with psycopg.connect(shop_url, autocommit=True) as conn:
+        both = ["pgrag.chunks", "shop.customers", "shop.order_items", "shop.orders"]
+        assert watched(conn) == both
+        conn.execute("select pgrag.declare_stats('customer_profile', null)")
+        assert watched(conn) == ["pgrag.chunks", "shop.order_items", "shop.orders"]
+        conn.execute("select pgrag.drop_document('order_detail')")
+        assert watched(conn) == []
+
+
+def test_only_the_role_that_computed_a_result_reuses_it(shop_url: str) -> None:
+    with psycopg.connect(shop_url, autocommit=True) as conn:
+        stats(conn, VIP)  # cached by the superuser
+        writer = conn.execute("select writer_role from pgrag.settings").fetchone()
+        assert writer is not None
+        conn.execute("drop role if exists pgrag_cache_probe")
+        conn.execute(f"create role pgrag_cache_probe in role {writer[0]}")
+        try:
+            # a role that sees every tenant but may not read shop.orders: refused, not served
+            conn.execute("set role pgrag_cache_probe")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("select pgrag.stats(%s)", (Jsonb(VIP),))
+        finally:
+            conn.execute("reset role")
+            conn.execute("drop role pgrag_cache_probe")
+
+
+def test_pruning_moves_the_horizon_and_keeps_results_exact(shop_url: str) -> None:
+    with psycopg.connect(shop_url, autocommit=True) as conn:
+        stats(conn, VIP)
+        for i in range(3):
+            conn.execute(
+                "update shop.order_items set quantity = %s where order_item_id = 100", (i + 1,)
+            )
+        assert stats(conn, VIP) == reference(conn, VIP)  # recomputed, stored anew
+        conn.execute("select pgrag.prune_stats_changes()")
+        horizon, left = conn.execute(
+            "select (select pruned_below from pgrag.stats_cache_horizon), "
+            "(select count(*) from pgrag.stats_changes)"
+        ).fetchone() or (None, None)
+        assert horizon is not None and str(horizon) != "0" and left == 0
+        assert stats(conn, VIP) == reference(conn, VIP)
+        conn.execute("update shop.order_items set quantity = 7 where order_item_id = 100")
+        assert stats(conn, VIP) == reference(conn, VIP)
+
+
+def test_search_reports_cached_statistics_equal_to_computed_ones(shop_url: str) -> None:
+    with connect(shop_url) as client:
+        first = client.search("returned mouse", mode="text", filter=VIP, stats=True).stats
+        again = client.search("headphones", mode="text", filter=VIP, stats=True).stats
+        assert first == again
+        with client.connection() as conn:
+            assert first == reference(conn, VIP)
+        types = {t.doc_type: t for t in client.stats_cache()}
+        assert types["customer_profile"].cached and types["customer_profile"].results == 1
+        assert "shop.orders" in types["order_detail"].tables
+        assert client.cache_stats("order_detail", False) == []
+        assert not {t.doc_type: t for t in client.stats_cache()}["order_detail"].cached
+
+
+def test_the_cli_turns_the_cache_on_and_off(shop_url: str) -> None:
+    env = {"PGRAG_DATABASE_URL": shop_url}
+    off = run_pgrag("stats-cache", "off", "order_detail", env=env)
+    assert off.returncode == 0, off.stderr
+    listed = run_pgrag("stats-cache", "list", env=env)
+    assert "order_detail: not cached" in listed.stdout
+    assert "customer_profile: cached" in listed.stdout
+    on = run_pgrag("stats-cache", "on", "order_detail", env=env)
+    assert on.returncode == 0 and "shop.order_items" in on.stdout
+    bad = run_pgrag("stats-cache", "on", "nope", env=env)
+    assert bad.returncode != 0 and "nope has no declared statistics" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_downgrade_of_0008_restores_0007_exactly(empty_db_url: str) -> None:
+    from .test_migrations import schema_dump
+
+    migrate.upgrade(empty_db_url, "0007")
+    at_0007 = schema_dump(empty_db_url)
+    migrate.upgrade(empty_db_url)
+    with psycopg.connect(empty_db_url) as conn:
+        synthetic.declare_stats(conn)  # statistics over pgrag.chunks alone
+        assert stats_cache.set_cached(conn, "synthetic") == ["pgrag.chunks"]
+        s.stats(conn, filter={}, schema=synthetic.SCHEMA)
+    assert "pgrag_stats_changed" in schema_dump(empty_db_url)
+    migrate.downgrade(empty_db_url, "0007")
+    with psycopg.connect(empty_db_url) as conn:  # the statistics work as in 0007
+        assert s.stats(conn, filter={}, schema=synthetic.SCHEMA) == {
+            "synthetic": {"chunks": 0, "topics": 0, "mean_bucket": None}
+        }
+        # re-applying 0007's files generates functions for every declared type, this one too
+        conn.execute("select pgrag.drop_document('synthetic')")
+    assert schema_dump(empty_db_url) == at_0007
