@@ -163,7 +163,7 @@ def test_redeclaring_the_query_drops_its_results_and_rereads_its_tables(shop_url
         deps = conn.execute(
             "select cache_deps::text[] from pgrag.doc_stats where doc_type = 'customer_profile'"
         ).fetchone()
-        assert deps == (["pgrag.chunks", "shop.products"],)
+        assert deps == (["pgrag.chunks", "pgrag.doc_stats", "shop.products"],)
         assert stats(conn, VIP)["customer_profile"] == {"products": 3, "customers": 1}
         conn.execute("insert into shop.products values (4, 'Lamp', 'Home', 20)")
         assert stats(conn, VIP)["customer_profile"] == {"products": 4, "customers": 1}
@@ -234,10 +234,21 @@ def test_removing_the_statistics_removes_the_triggers_no_type_needs(shop_url: st
         return [r[0] for r in rows]
 
     with psycopg.connect(shop_url, autocommit=True) as conn:
-        both = ["pgrag.chunks", "shop.customers", "shop.order_items", "shop.orders"]
+        both = [
+            "pgrag.chunks",
+            "pgrag.doc_stats",
+            "shop.customers",
+            "shop.order_items",
+            "shop.orders",
+        ]
         assert watched(conn) == both
         conn.execute("select pgrag.declare_stats('customer_profile', null)")
-        assert watched(conn) == ["pgrag.chunks", "shop.order_items", "shop.orders"]
+        assert watched(conn) == [
+            "pgrag.chunks",
+            "pgrag.doc_stats",
+            "shop.order_items",
+            "shop.orders",
+        ]
         conn.execute("select pgrag.drop_document('order_detail')")
         assert watched(conn) == []
 
@@ -314,7 +325,7 @@ def test_downgrade_of_0008_restores_0007_exactly(empty_db_url: str) -> None:
     migrate.upgrade(empty_db_url)
     with psycopg.connect(empty_db_url) as conn:
         synthetic.declare_stats(conn)  # statistics over pgrag.chunks alone
-        assert stats_cache.set_cached(conn, "synthetic") == ["pgrag.chunks"]
+        assert stats_cache.set_cached(conn, "synthetic") == ["pgrag.chunks", "pgrag.doc_stats"]
         s.stats(conn, filter={}, schema=synthetic.SCHEMA)
     assert "pgrag_stats_changed" in schema_dump(empty_db_url)
     migrate.downgrade(empty_db_url, "0007")
@@ -325,3 +336,273 @@ def test_downgrade_of_0008_restores_0007_exactly(empty_db_url: str) -> None:
         # re-applying 0007's files generates functions for every declared type, this one too
         conn.execute("select pgrag.drop_document('synthetic')")
     assert schema_dump(empty_db_url) == at_0007
+
+
+# ---- a type whose statistics read a table no document watches: only the cache's trigger
+# ---- records its writes (the shop's tables re-render chunks, which would hide a miss)
+
+BONUS_STATS = (
+    "select jsonb_build_object('bonus', (select sum(b.amount) from shop.bonus b "
+    "where b.customer_id in (select h.source_key::integer from hits h)), 'n', count(*)) "
+    "from hits"
+)
+
+
+@pytest.fixture
+def bonus_url(shop_url: str) -> str:
+    with psycopg.connect(shop_url, autocommit=True) as conn:
+        conn.execute("create table shop.bonus (customer_id integer, amount numeric)")
+        conn.execute("insert into shop.bonus values (1, 10)")
+        conn.execute("select pgrag.declare_stats('customer_profile', %s)", (BONUS_STATS,))
+    return shop_url
+
+
+def bonus(conn: psycopg.Connection[Any]) -> Any:
+    return stats(conn, VIP)["customer_profile"]["bonus"]
+
+
+def test_a_table_only_the_statistics_read_invalidates_them(bonus_url: str) -> None:
+    with psycopg.connect(bonus_url, autocommit=True) as conn:
+        assert "shop.bonus" in str(
+            conn.execute(
+                "select cache_deps from pgrag.doc_stats where doc_type = 'customer_profile'"
+            ).fetchone()
+        )
+        assert bonus(conn) == 10
+        for write, expected in [
+            ("insert into shop.bonus values (1, 5)", 15),
+            ("update shop.bonus set amount = 1", 2),
+            (
+                "delete from shop.bonus where amount = 1 and ctid = "
+                "(select min(ctid) from shop.bonus)",
+                1,
+            ),
+            ("truncate shop.bonus", None),
+            ("copy shop.bonus from program 'echo 1,7' (format csv)", 7),
+        ]:
+            conn.execute(write)
+            assert bonus(conn) == expected == reference(conn, VIP)["customer_profile"]["bonus"]
+
+
+def test_a_redeclared_query_is_never_served_an_older_snapshots_result(bonus_url: str) -> None:
+    with (
+        psycopg.connect(bonus_url) as old,
+        psycopg.connect(bonus_url, autocommit=True) as other,
+    ):
+        old.execute("set transaction isolation level repeatable read")
+        old.execute("select 1")  # its snapshot: before the redeclaration
+        other.execute(
+            "select pgrag.declare_stats('customer_profile', "
+            "$q$select jsonb_build_object('n', count(*)) from hits$q$)"
+        )
+        assert "bonus" in stats(old, VIP)["customer_profile"]  # the old query, cached by old
+        old.commit()
+        assert stats(other, VIP)["customer_profile"] == {"n": 1}
+
+
+def test_a_write_while_the_trigger_was_disabled_is_not_missed(bonus_url: str) -> None:
+    with psycopg.connect(bonus_url, autocommit=True) as conn:
+        assert bonus(conn) == 10
+        conn.execute("alter table shop.bonus disable trigger pgrag_stats_changed")
+        conn.execute("update shop.bonus set amount = 99")
+        conn.execute("alter table shop.bonus enable always trigger pgrag_stats_changed")
+        assert bonus(conn) == 99
+        # ENABLE without ALWAYS (as pg_restore --disable-triggers leaves it): computed each time
+        conn.execute("alter table shop.bonus enable trigger pgrag_stats_changed")
+        assert bonus(conn) == 99
+        conn.execute("alter table shop.bonus disable trigger pgrag_stats_changed")
+        conn.execute("update shop.bonus set amount = 3")
+        assert bonus(conn) == 3
+        listed = {t.doc_type: t for t in stats_cache.status(conn)}
+        assert listed["customer_profile"].cached
+
+
+def test_the_transaction_that_computed_and_then_wrote_is_never_reused(bonus_url: str) -> None:
+    with psycopg.connect(bonus_url) as a, psycopg.connect(bonus_url, autocommit=True) as b:
+        a.execute("update shop.products set name = name")  # a has an id before it computes
+        b.execute("insert into shop.bonus values (2, 1)")  # commits: a's snapshot sees it
+        assert bonus(a) == 10  # computed and stored by a ...
+        a.execute("update shop.bonus set amount = 20 where customer_id = 1")  # ... then a writes
+        a.commit()
+        assert bonus(b) == 20 == reference(b, VIP)["customer_profile"]["bonus"]
+
+
+def test_a_result_older_than_the_pruning_horizon_is_not_used(bonus_url: str) -> None:
+    with (
+        psycopg.connect(bonus_url) as w,
+        psycopg.connect(bonus_url) as t,
+        psycopg.connect(bonus_url, autocommit=True) as other,
+    ):
+        other.execute("select pgrag.prune_stats_changes()")  # the horizon, set: t will not
+        w.execute("update shop.bonus set amount = 50")  # not committed yet
+        t.execute("set transaction isolation level repeatable read")
+        assert bonus(t) == 10  # stored by t, whose snapshot does not see w
+        w.commit()
+        pruned = other.execute("select pgrag.prune_stats_changes()").fetchone()
+        assert pruned is not None and pruned[0] >= 1  # w's row went
+        t.commit()
+        assert bonus(other) == 50
+
+
+def test_session_settings_the_output_depends_on_are_part_of_the_key(shop_url: str) -> None:
+    with psycopg.connect(shop_url, autocommit=True) as conn:
+        conn.execute("select pgrag.cache_stats('order_detail', false)")
+        conn.execute(
+            "select pgrag.declare_stats('order_detail', $q$select jsonb_build_object("
+            "'first', min(o.order_date::timestamptz)) from hits h "
+            "join shop.orders o on o.order_id = h.source_key::integer$q$)"
+        )
+        stats_cache.set_cached(conn, "order_detail")
+        conn.execute("set timezone = 'UTC'")
+        utc = stats(conn, VIP)["order_detail"]["first"]
+        conn.execute("set timezone = 'Pacific/Kiritimati'")
+        assert stats(conn, VIP)["order_detail"]["first"] != utc
+        assert stats(conn, VIP) == reference(conn, VIP)
+
+
+@pytest.mark.parametrize(
+    ("setup", "query", "cause"),
+    [
+        (
+            "create table shop.extra (n integer); "
+            "create table shop.extra_2025 () inherits (shop.extra)",
+            "select jsonb_build_object('n', (select sum(n) from shop.extra)) from hits",
+            "inheritance children",
+        ),
+        (
+            "",
+            "select jsonb_build_object('n', count(*)) from hits h "
+            "join pgrag.chunks c2 on c2.id = h.id where c2.embedded_at is null",
+            "pgrag.chunks.embedded_at",
+        ),
+        (
+            "",
+            "select jsonb_build_object('n', (select count(*) from shop.orders "
+            "tablesample system (50))) from hits",
+            "TABLESAMPLE",
+        ),
+        (
+            "create table shop.secret (n integer); "
+            "alter table shop.secret enable row level security",
+            "select jsonb_build_object('n', (select count(*) from shop.secret)) from hits",
+            "row-level security",
+        ),
+    ],
+)
+def test_more_queries_that_cannot_be_cached(
+    shop_url: str, setup: str, query: str, cause: str
+) -> None:
+    with psycopg.connect(shop_url, autocommit=True) as conn:
+        if setup:
+            conn.execute(setup)
+        conn.execute("select pgrag.cache_stats('order_detail', false)")
+        conn.execute("select pgrag.declare_stats('order_detail', %s)", (query,))
+        with pytest.raises(DocumentError, match=f"cannot be cached: .*{cause}"):
+            stats_cache.set_cached(conn, "order_detail")
+
+
+def test_changes_after_caching_that_alter_the_result_turn_it_off(bonus_url: str) -> None:
+    with psycopg.connect(bonus_url, autocommit=True) as conn:
+        assert bonus(conn) == 10
+        # a child table added later is read by the query, and has no trigger
+        conn.execute("create table shop.bonus_2025 () inherits (shop.bonus)")
+        conn.execute("insert into shop.bonus_2025 values (1, 5)")
+        assert bonus(conn) == 15
+        conn.execute("drop table shop.bonus_2025")
+        # a server that is not the one that computed it (a dump restored elsewhere)
+        assert bonus(conn) == 10
+        conn.execute("update pgrag.stats_cache set server_started = '2000-01-01'")
+        conn.execute("alter table shop.bonus disable trigger pgrag_stats_changed")
+        conn.execute("update shop.bonus set amount = 11")
+        conn.execute("alter table shop.bonus enable always trigger pgrag_stats_changed")
+        conn.execute(
+            "update pgrag.stats_cache set triggers = pgrag.stats_triggers_state(d.cache_deps) "
+            "from pgrag.doc_stats d where d.doc_type = stats_cache.doc_type"
+        )
+        assert bonus(conn) == 11
+        # a logical replication subscription: its apply process fires no statement trigger
+        conn.execute(
+            "create subscription pgrag_probe connection 'dbname=none' publication p "
+            "with (connect = false, slot_name = none)"
+        )
+        try:
+            with pytest.raises(DocumentError, match="logical replication"):
+                stats_cache.set_cached(conn, "order_detail")
+            conn.execute("update shop.bonus set amount = 12")
+            assert bonus(conn) == 12
+        finally:
+            conn.execute("drop subscription pgrag_probe")
+
+
+def test_serializable_transactions_neither_read_nor_store(shop_url: str) -> None:
+    with psycopg.connect(shop_url) as conn:
+        conn.execute("set transaction isolation level serializable")
+        assert stats(conn, VIP) == reference(conn, VIP)
+        conn.commit()
+        assert cached_rows(conn) == []
+
+
+def test_a_result_being_stored_by_an_open_transaction_does_not_hold_others_up(
+    shop_url: str,
+) -> None:
+    with psycopg.connect(shop_url) as a, psycopg.connect(shop_url) as b:
+        stats(a, VIP)  # stored, not committed: a holds the key
+        b.execute("set statement_timeout = '5s'")
+        assert stats(b, VIP) == reference(b, VIP)  # computed, not stored, no wait
+        a.rollback()
+        b.commit()
+        assert cached_rows(b) == []
+
+
+def test_a_result_for_a_type_dropped_meanwhile_is_not_stored_and_not_an_error(
+    shop_url: str,
+) -> None:
+    with psycopg.connect(shop_url, autocommit=True) as conn:
+        conn.execute(
+            "select pgrag.stats_cache_put('gone', '\\x00', 'true', '{}', "
+            "pg_current_snapshot(), null, '{pgrag.chunks}')"
+        )
+        assert cached_rows(conn) == []
+
+
+def test_the_writer_role_caches_its_own_and_sees_only_its_own(shop_url: str) -> None:
+    with psycopg.connect(shop_url, autocommit=True) as conn:
+        writer = conn.execute("select writer_role from pgrag.settings").fetchone()
+        assert writer is not None
+        stats(conn, VIP)  # the superuser's results
+        conn.execute(f"grant select on all tables in schema shop to {writer[0]}")
+        conn.execute(f"grant usage on schema shop to {writer[0]}")
+        conn.execute(
+            f"create table shop.owned (n integer); alter table shop.owned owner to {writer[0]}"
+        )
+        conn.execute(f"set role {writer[0]}")
+        try:
+            assert stats(conn, VIP) == reference(conn, VIP)
+            assert [r[0] for r in cached_rows(conn)] == ["customer_profile", "order_detail"]
+            assert conn.execute(
+                "select count(*) from pgrag.stats_cache where role_name <> current_user"
+            ).fetchone() == (0,)
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(
+                    "insert into pgrag.stats_cache (doc_type, role_name, condition_hash, "
+                    "condition, snap, server_started, triggers) values ('order_detail', "
+                    "'postgres', '\\x00', 'true', pg_current_snapshot(), now(), '')"
+                )
+            # the writer may cache a type over a table it owns, and remove statistics over
+            # tables it does not own (their triggers stay, with a notice)
+            conn.execute(
+                "select pgrag.declare_stats('order_detail', $q$select jsonb_build_object("
+                "'n', (select count(*) from shop.owned)) from hits$q$)"
+            )
+            assert "shop.owned" in stats_cache.set_cached(conn, "order_detail")
+            conn.execute("select pgrag.declare_stats('customer_profile', null)")
+            # privileges revoked after caching: the cached result is not served
+            assert stats(conn, VIP)["order_detail"] == {"n": 0}
+            conn.execute("reset role")
+            conn.execute(f"revoke select on shop.owned from {writer[0]}")
+            conn.execute(f"alter table shop.owned owner to {conn.info.user}")
+            conn.execute(f"set role {writer[0]}")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                stats(conn, VIP)
+        finally:
+            conn.execute("reset role")

@@ -2,35 +2,45 @@
 -- reused while no table its declared query reads has changed.
 -- Introduced by revision 0008: applied by that revision and every later one.
 -- Re-applied by every migration that reaches head. docs/search.md ("The statistics cache")
--- explains the design; this is the proof that a cached result is exact.
+-- explains the design; this is the argument that a cached result is exact.
 --
 -- Turned on per document type with pgrag.cache_stats(doc_type). It reads the tables the
 -- declared query depends on (PostgreSQL's own dependency records of a temporary view over it)
--- and refuses a query whose result can change without any of them changing: one that reads a
--- materialized view, a foreign or partitioned table, a table with row-level security, or calls
--- a function of the user's, a volatile one, or one that reads the clock or a setting.
+-- and refuses a query whose result can change without any of them changing (the list is in
+-- pgrag.stats_query_tables). pgrag.doc_stats is always one of the tables: a redeclared query,
+-- or the cache turned off and on, is a write like any other.
 --
--- Writes. A statement trigger on each of those tables and on pgrag.chunks (pgrag.stats_changed,
--- ENABLE ALWAYS: logical replication's apply fires it too) inserts (its transaction id, the
--- table) into pgrag.stats_changes once per transaction and table. The row commits or aborts
--- with the write. pgrag.chunks' trigger leaves out the embedding columns: the worker storing
--- vectors changes no statistics.
+-- Writes. A statement trigger on each of those tables (pgrag.stats_changed, ENABLE ALWAYS)
+-- inserts (its top-level transaction id, the table) into pgrag.stats_changes once per
+-- transaction and table. The row commits or aborts with the write. pgrag.chunks' trigger
+-- leaves out the embedding columns: the worker storing vectors changes no statistics.
 --
 -- Reads. A result is stored with the snapshot S it was computed in. A later statement with
 -- snapshot R reuses it only when R sees exactly the transactions S saw among those that wrote
--- the tables (so the query over R's data would read the same rows and return the same result):
+-- the tables, so the query over R's data would read the same rows and return the same result:
 --   1. R sees everything S saw: S.xmax <= R.xmax, and no transaction R sees as running is one
---      S saw as finished (every xid in R's running list below S.xmax is in S's);
---   2. S sees everything R sees: no row of stats_changes for those tables (R reads only the ones
---      visible to it) has an xid at or above S.xmin that S does not see;
+--      S saw as finished. (On a primary this always holds once R can see the stored row, since
+--      the row commits after S; it is kept as a cheap guard.)
+--   2. S sees everything R sees: no row of stats_changes for those tables that R can see has
+--      an xid at or above S.xmin that S does not see (commits reach the WAL in order, so a
+--      write S did not see and R does is recorded by a row R sees);
 --   3. the computing transaction wrote none of those tables (its later writes are not in S,
---      though its xid counts as seen by S).
--- Rows of stats_changes below the horizon are pruned (pgrag.stats_cache_put); a result whose
--- S.xmin is below the horizon could miss a pruned row in 2, so it is not used.
+--      though its own xid counts as seen by S).
+-- And everything else the result depends on is as it was: the same server (xids restart in a
+-- restored dump: pg_postmaster_start_time), the same session settings output depends on (in
+-- the key), each table's trigger unchanged since (a trigger disabled, written around and
+-- re-enabled has a new pg_trigger row), every table still readable by the role and without
+-- row-level security or inheritance children, and no logical replication subscription in the
+-- database (its apply process fires row triggers only).
+-- Rows of stats_changes below the horizon are pruned (pgrag.prune_stats_changes); a result
+-- whose S.xmin is below the horizon could miss a pruned row in 2, so it is not used.
 --
--- Who: a result is reused only by the role that computed it (its privileges ran the query),
--- and only for sessions that see every tenant: a reader's statistics (row-level security)
--- are computed every time, through pgrag.reader_doc_type_stats as before.
+-- Who: a result is reused only by the role that computed it (its privileges ran the query;
+-- row-level security on pgrag.stats_cache keeps every role to its own rows), and only for
+-- sessions that see every tenant: a reader's statistics (row-level security on the chunks)
+-- are computed every time, through pgrag.reader_doc_type_stats as before. SERIALIZABLE
+-- transactions neither read nor store results (the cache's reads would add serialization
+-- conflicts between searches).
 
 create or replace function pgrag.stats_changed()
 returns trigger
@@ -39,7 +49,7 @@ set search_path = pg_catalog, pg_temp
 as $$
 -- security definer, owned by the migrating role: any role that may write a table that cached
 -- statistics read records its transaction, without any grant on pgrag's tables. It only
--- inserts the trigger's own table and transaction id.
+-- inserts the trigger's own table and the top-level transaction id.
 begin
     insert into pgrag.stats_changes (relid) values (tg_relid) on conflict do nothing;
     return null;
@@ -49,14 +59,29 @@ $$;
 comment on function pgrag.stats_changed() is
     'Statement trigger: record that this transaction wrote a table some cached statistics read';
 
+-- The columns of pgrag.chunks a statistics query may read: those the chunks' trigger watches.
+create or replace function pgrag.stats_chunk_columns()
+returns text[]
+language sql immutable parallel safe security invoker
+set search_path = pg_catalog, pg_temp
+return '{id,doc_type,source_key,parent_id,parent_key,text,metadata,tenant}'::text[];
+
+comment on function pgrag.stats_chunk_columns() is
+    'The columns of pgrag.chunks whose writes invalidate cached statistics';
+
 create or replace function pgrag.stats_query_tables(doc_type text)
 returns regclass[]
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $$
 #variable_conflict use_variable
--- The tables the declared statistics query of doc_type reads (through views too), pgrag.chunks
--- included; PR003 naming the cause when its result could change with none of them changing.
+-- The tables the declared statistics query of doc_type reads (through views too), with
+-- pgrag.chunks and pgrag.doc_stats; PR003 naming the cause when its result could change with
+-- none of them written: it reads a relation that is not a plain table or view (materialized
+-- view, foreign or partitioned table), a table with row-level security or inheritance
+-- children, a column of pgrag.chunks the trigger does not watch, samples rows (TABLESAMPLE),
+-- or calls a function of the user's, a volatile one, or one that reads the clock, the
+-- catalogs or the session.
 declare
     body text;
     probe text := 'pgrag_stats_probe_' || pg_backend_pid();
@@ -73,18 +98,18 @@ begin
     execute format('create temporary view %I as %s', probe,
                    pgrag.stats_statement(body, 'false'));
     with recursive rel(oid, relkind, rewrite) as (
-        select c.oid, c.relkind, r.oid
+        select c.oid, c.relkind, r2.oid
           from pg_rewrite r
           join pg_depend d on d.classid = 'pg_rewrite'::regclass and d.objid = r.oid
                           and d.refclassid = 'pg_class'::regclass and d.refobjid <> r.ev_class
           join pg_class c on c.oid = d.refobjid
+          left join pg_rewrite r2 on r2.ev_class = c.oid and r2.rulename = '_RETURN'
          where r.ev_class = format('pg_temp.%I', probe)::regclass
         union
         select c.oid, c.relkind, r2.oid
           from rel
-          join pg_rewrite r on r.ev_class = rel.oid and r.rulename = '_RETURN'
-          join pg_depend d on d.classid = 'pg_rewrite'::regclass and d.objid = r.oid
-                          and d.refclassid = 'pg_class'::regclass and d.refobjid <> r.ev_class
+          join pg_depend d on d.classid = 'pg_rewrite'::regclass and d.objid = rel.rewrite
+                          and d.refclassid = 'pg_class'::regclass and d.refobjid <> rel.oid
           join pg_class c on c.oid = d.refobjid
           left join pg_rewrite r2 on r2.ev_class = c.oid and r2.rulename = '_RETURN'
     ),
@@ -108,26 +133,39 @@ begin
                                        else 'relation of kind ' || rel.relkind::text end) as why
           from rel where rel.relkind not in ('r', 'v')
         union all
-        select format('it reads %s, which has row-level security: its result depends on who asks',
-                      rel.oid::regclass)
+        select format('it reads %s, which has %s', rel.oid::regclass,
+                      case when c.relrowsecurity
+                           then 'row-level security: its result depends on who asks'
+                           else 'inheritance children, which it reads too' end)
           from rel join pg_class c on c.oid = rel.oid
-         where rel.relkind = 'r' and c.relrowsecurity and rel.oid <> 'pgrag.chunks'::regclass
+         where rel.relkind = 'r' and rel.oid <> 'pgrag.chunks'::regclass
+           and (c.relrowsecurity or c.relhassubclass)
+        union all
+        select format('it reads pgrag.chunks.%I, whose writes do not invalidate it', a.attname)
+          from rules
+          join pg_depend d on d.classid = 'pg_rewrite'::regclass and d.objid = rules.oid
+                          and d.refobjid = 'pgrag.chunks'::regclass and d.refobjsubid > 0
+          join pg_attribute a on a.attrelid = d.refobjid and a.attnum = d.refobjsubid
+         where a.attname::text <> all(pgrag.stats_chunk_columns())
         union all
         select format('it calls %s, %s', p.oid::regprocedure,
                       case when p.pronamespace <> 'pg_catalog'::regnamespace
                            then 'a function of yours, which may read tables the cache cannot see'
                            when p.provolatile = 'v' then 'which is volatile'
-                           else 'which reads the clock or a setting' end)
+                           else 'which reads the clock, the catalogs or the session' end)
           from called join pg_proc p on p.oid = called.oid
          where p.pronamespace <> 'pg_catalog'::regnamespace or p.provolatile = 'v'
-            or p.proname in ('now', 'statement_timestamp', 'transaction_timestamp', 'age',
-                             'current_setting', 'current_schema', 'current_schemas',
-                             'current_database', 'pg_current_xact_id', 'txid_current',
-                             'inet_client_addr', 'pg_backend_pid', 'has_table_privilege',
-                             'has_column_privilege', 'pg_has_role', 'to_regclass')
+            or (p.provolatile = 's'
+                and (p.proname ~ '^(pg_|has_|to_reg|current_|session_|inet_|txid_)'
+                     or p.proname in ('now', 'statement_timestamp', 'transaction_timestamp',
+                                      'age', 'timeofday', 'obj_description', 'col_description',
+                                      'shobj_description', 'format_type', 'quote_ident')))
         union all
         select 'it reads the clock or the session (CURRENT_DATE, CURRENT_USER...)'
           from rules where rules.ev_action::text ~ '\{SQLVALUEFUNCTION'
+        union all
+        select 'it samples rows (TABLESAMPLE)'
+          from rules where rules.ev_action::text ~ '\{TABLESAMPLECLAUSE'
     )
     select (select array_agg(distinct rel.oid::regclass order by rel.oid::regclass)
               from rel where rel.relkind = 'r'),
@@ -141,13 +179,13 @@ begin
                    'only tables and built-in functions';
     end if;
     return (select array_agg(distinct t order by t)
-              from unnest(tables || 'pgrag.chunks'::regclass) t);
+              from unnest(tables || '{pgrag.chunks,pgrag.doc_stats}'::regclass[]) t);
 end
 $$;
 
 comment on function pgrag.stats_query_tables(text) is
-    'The tables a type''s declared statistics read (views followed); PR003 when a cached '
-    'result could go stale with none of them written';
+    'The tables a type''s declared statistics read (views followed, with pgrag.chunks and '
+    'pgrag.doc_stats); PR003 when a cached result could go stale with none of them written';
 
 create or replace function pgrag.sync_stats_triggers()
 returns void
@@ -155,7 +193,8 @@ language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $$
 -- The trigger pgrag_stats_changed on exactly the tables some cached statistics read: created
--- where missing, dropped where no longer needed. pgrag.chunks' leaves out the vector columns.
+-- where missing, dropped where no longer needed (left, with a notice, on a table the caller
+-- may not alter: it only records writes). pgrag.chunks' leaves out the vector columns.
 declare
     wanted regclass[];
     t regclass;
@@ -166,7 +205,13 @@ begin
        and exists (select from pg_class c where c.oid = d);  -- not a dropped table's
     for t in select tg.tgrelid::regclass from pg_trigger tg
               where tg.tgname = 'pgrag_stats_changed' and tg.tgrelid <> all(wanted) loop
-        execute format('drop trigger pgrag_stats_changed on %s', t);
+        begin
+            execute format('drop trigger pgrag_stats_changed on %s', t);
+        exception when insufficient_privilege then
+            raise notice 'pgrag_stats_changed stays on %: %', t, sqlerrm
+                using hint = format('its owner may drop it: drop trigger pgrag_stats_changed '
+                                    'on %s', t);
+        end;
     end loop;
     foreach t in array wanted loop
         continue when exists (select from pg_trigger tg
@@ -176,7 +221,7 @@ begin
                 'create trigger pgrag_stats_changed after insert or update%s or delete or '
                 'truncate on %s for each statement execute function pgrag.stats_changed()',
                 case when t = 'pgrag.chunks'::regclass
-                     then ' of doc_type, source_key, parent_id, parent_key, text, metadata, tenant'
+                     then ' of ' || array_to_string(pgrag.stats_chunk_columns(), ', ')
                      else '' end, t);
             execute format('alter table %s enable always trigger pgrag_stats_changed', t);
         exception when insufficient_privilege then
@@ -206,6 +251,15 @@ declare
     deps regclass[];
 begin
     if enabled then
+        if exists (select from pg_subscription s
+                    where s.subdbid = (select d.oid from pg_database d
+                                        where d.datname = current_database())) then
+            raise exception using errcode = 'PR003',
+                message = format('the statistics of %s cannot be cached: this database has a '
+                                 'logical replication subscription, whose apply process fires '
+                                 'no statement trigger', doc_type),
+                hint = 'leave them uncached here (computed at every call)';
+        end if;
         deps := pgrag.stats_query_tables(doc_type);
     elsif not exists (select from pgrag.doc_stats s where s.doc_type = doc_type) then
         raise exception using errcode = 'PR003',
@@ -228,10 +282,10 @@ returns trigger
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $$
--- pgrag.declare_stats changed a cached type's query: its cached results are of the old one,
--- and the new one may read other tables (or be one that cannot be cached: PR003, nothing
--- changes). Removed (declare_stats with NULL, the type dropped): its tables may need their
--- triggers no more.
+-- pgrag.declare_stats changed a cached type's query: the new one may read other tables (or be
+-- one that cannot be cached: PR003, nothing changes). Its old results are invalid anyway:
+-- pgrag.doc_stats is one of every cached type's tables. Removed (declare_stats with NULL, the
+-- type dropped): its tables may need their triggers no more.
 begin
     if tg_op = 'DELETE' then
         if old.cache_deps is not null then
@@ -251,92 +305,158 @@ drop trigger if exists pgrag_stats_redeclared on pgrag.doc_stats;
 create trigger pgrag_stats_redeclared after update of stats_sql or delete on pgrag.doc_stats
     for each row execute function pgrag.stats_redeclared();
 
-create or replace function pgrag.stats_cache_valid(snap pg_snapshot, owner_xid xid8,
-                                                   deps regclass[])
+create or replace function pgrag.stats_triggers_state(deps regclass[])
+returns text
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+-- The tables' pgrag_stats_changed triggers as they are: NULL unless every table has one,
+-- enabled always; else each trigger's row version, which ALTER TABLE ... DISABLE / ENABLE
+-- TRIGGER changes (a write while it was disabled went unrecorded).
+return (
+    select case when count(*) = cardinality(deps) and bool_and(tg.tgenabled = 'A')
+                then string_agg(tg.oid::text || ':' || tg.xmin::text, ',' order by tg.oid) end
+      from pg_trigger tg
+     where tg.tgrelid = any(deps::oid[]) and tg.tgname = 'pgrag_stats_changed');
+
+comment on function pgrag.stats_triggers_state(regclass[]) is
+    'The cached tables'' triggers as they are now (NULL when one is missing or not always on)';
+
+create or replace function pgrag.stats_settings_key()
+returns text
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+-- The session settings a statistics query's output may depend on (timestamptz and date
+-- output, number and money formats): part of a cached result's key.
+return concat_ws(E'\x1f', current_setting('TimeZone'), current_setting('DateStyle'),
+                 current_setting('IntervalStyle'), current_setting('extra_float_digits'),
+                 current_setting('lc_monetary'), current_setting('lc_numeric'),
+                 current_setting('lc_time'), current_setting('bytea_output'),
+                 current_setting('default_text_search_config'));
+
+comment on function pgrag.stats_settings_key() is
+    'The session settings a cached statistics result is keyed by';
+
+create or replace function pgrag.stats_cache_usable()
 returns boolean
 language sql stable security invoker
 set search_path = pg_catalog, pg_temp
--- Whether statistics computed in snapshot `snap` (by transaction owner_xid, if it had an id)
--- hold for the calling statement's snapshot: the three conditions at the top of this file,
--- snap not older than the horizon of pgrag.stats_changes, and every table's trigger in place.
+-- Whether this statement may read and store cached statistics: not under SERIALIZABLE, and
+-- with the writer's grants on the cache's tables (a role that sees every tenant without them
+-- computes every time, as before 0008).
+return current_setting('transaction_isolation') <> 'serializable'
+   and has_table_privilege('pgrag.stats_cache', 'select, insert, update')
+   and has_table_privilege('pgrag.stats_changes', 'select')
+   and has_table_privilege('pgrag.stats_cache_horizon', 'select');
+
+comment on function pgrag.stats_cache_usable() is
+    'Whether the calling statement may use the statistics cache';
+
+create or replace function pgrag.stats_cache_valid(c pgrag.stats_cache, deps regclass[])
+returns boolean
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+-- Whether cached result c (of a type reading deps) holds for the calling statement's
+-- snapshot: the conditions at the top of this file.
 return (
     with now_snap as (select pg_current_snapshot() as r)
-    -- every table still has its trigger, enabled always (a dropped and recreated table, or
-    -- ALTER TABLE ... DISABLE TRIGGER, would write unseen: pgrag.cache_stats again restores it)
-    select (select count(*) from pg_trigger tg
-             where tg.tgrelid = any(deps::oid[]) and tg.tgname = 'pgrag_stats_changed'
-               and tg.tgenabled = 'A') = cardinality(deps)
-       and pg_snapshot_xmin(snap) >= (select h.pruned_below from pgrag.stats_cache_horizon h)
-       and pg_snapshot_xmax(snap) <= pg_snapshot_xmax(now_snap.r)
+    select (c).server_started = pg_postmaster_start_time()
+       and (c).triggers = pgrag.stats_triggers_state(deps)
+       and not exists (select from pg_class t
+                        where t.oid = any(deps::oid[]) and t.oid <> 'pgrag.chunks'::regclass
+                          and (t.relrowsecurity or t.relhassubclass))
+       and not exists (select from unnest(deps) d where not has_table_privilege(d, 'select'))
+       and not exists (select from pg_subscription s
+                        where s.subdbid = (select d.oid from pg_database d
+                                            where d.datname = current_database()))
+       and (select h.server_started = (c).server_started
+                   and pg_snapshot_xmin((c).snap) >= h.pruned_below
+              from pgrag.stats_cache_horizon h)
+       and pg_snapshot_xmax((c).snap) <= pg_snapshot_xmax(now_snap.r)
        and not exists (select from pg_snapshot_xip(now_snap.r) x
-                        where x < pg_snapshot_xmax(snap)
-                          and x not in (select pg_snapshot_xip(snap)))
+                        where x < pg_snapshot_xmax((c).snap)
+                          and x not in (select pg_snapshot_xip((c).snap)))
        and not exists (select from pgrag.stats_changes l
-                        where l.xid >= pg_snapshot_xmin(snap)
+                        where l.xid >= pg_snapshot_xmin((c).snap)
                           and l.relid = any(deps::oid[])
-                          and not pg_visible_in_snapshot(l.xid, snap))
-       and (owner_xid is null
+                          and not pg_visible_in_snapshot(l.xid, (c).snap))
+       and ((c).owner_xid is null
             or not exists (select from pgrag.stats_changes l
-                            where l.xid = owner_xid and l.relid = any(deps::oid[])))
+                            where l.xid = (c).owner_xid and l.relid = any(deps::oid[])))
     from now_snap);
 
-comment on function pgrag.stats_cache_valid(pg_snapshot, xid8, regclass[]) is
-    'Whether statistics computed in a snapshot still hold for the calling statement''s snapshot';
+comment on function pgrag.stats_cache_valid(pgrag.stats_cache, regclass[]) is
+    'Whether cached statistics still hold for the calling statement''s snapshot';
 
-create or replace function pgrag.stats_cache_put(doc_type text, condition text, stats jsonb,
-                                                 snap pg_snapshot, owner_xid xid8)
+create or replace function pgrag.stats_cache_put(doc_type text, key bytea, condition text,
+                                                 stats jsonb, snap pg_snapshot, owner_xid xid8,
+                                                 deps regclass[])
 returns void
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
-set lock_timeout = '50ms'
+set lock_timeout = '10ms'
 as $$
 #variable_conflict use_variable
--- Store a result (pgrag.doc_type_stats_where calls it on a miss). Best effort: on a standby,
--- in a read-only transaction, or when another session holds the row, nothing is stored and
--- the search goes on. A newer result is never replaced by an older one. Every 1,000 changes
--- it prunes pgrag.stats_changes below the oldest snapshot any result or session may need.
+-- Store a result (pgrag.doc_type_stats_where calls it on a miss). Best effort, never an error
+-- and never a wait: on a standby, in a read-only transaction, when another session is storing
+-- the same key (an advisory lock, tried), or on any failure, nothing is stored and the search
+-- goes on. A newer result is never replaced by an older one. Every 1,000 rows of
+-- pgrag.stats_changes it prunes them (pgrag.prune_stats_changes).
 declare
-    horizon xid8;
+    h pgrag.stats_cache_horizon;
+    state text := pgrag.stats_triggers_state(deps);
 begin
-    if pg_is_in_recovery() or current_setting('transaction_read_only')::boolean then
+    if pg_is_in_recovery() or current_setting('transaction_read_only')::boolean
+       or state is null then
         return;
     end if;
     begin
-        select h.pruned_below into horizon from pgrag.stats_cache_horizon h;
-        if pg_snapshot_xmin(snap) < horizon then
+        if not pg_try_advisory_xact_lock(7061727, hashtext(encode(key, 'hex') || current_user))
+        then
+            return;
+        end if;
+        select * into h from pgrag.stats_cache_horizon;
+        if h.server_started is distinct from pg_postmaster_start_time() then
+            -- a restored dump, a restart: the stored xids are another server's
+            perform pgrag.prune_stats_changes();
+            select * into h from pgrag.stats_cache_horizon;
+        end if;
+        if h.server_started is distinct from pg_postmaster_start_time()
+           or pg_snapshot_xmin(snap) < h.pruned_below then
             return;
         end if;
         insert into pgrag.stats_cache as c
-            (doc_type, role_name, condition_hash, condition, stats, snap, owner_xid)
-        values (doc_type, current_user, sha256(convert_to(condition, 'UTF8')), condition,
-                stats, snap, owner_xid)
+            (doc_type, role_name, condition_hash, condition, stats, snap, owner_xid,
+             server_started, triggers)
+        values (doc_type, current_user, key, condition, stats, snap, owner_xid,
+                pg_postmaster_start_time(), state)
         on conflict on constraint stats_cache_pkey do update
             set stats = excluded.stats, snap = excluded.snap, owner_xid = excluded.owner_xid,
-                condition = excluded.condition, computed_at = now()
-            where pg_snapshot_xmax(excluded.snap) >= pg_snapshot_xmax(c.snap);
+                condition = excluded.condition, server_started = excluded.server_started,
+                triggers = excluded.triggers, computed_at = now()
+            where pg_snapshot_xmax(excluded.snap) >= pg_snapshot_xmax(c.snap)
+               or c.server_started <> excluded.server_started;
         if (select count(*) from (select from pgrag.stats_changes limit 1000) x) >= 1000 then
             perform pgrag.prune_stats_changes();
         end if;
-    exception
-        when serialization_failure or lock_not_available or read_only_sql_transaction
-             or insufficient_privilege then
-            null;  -- not stored: the next call computes it again
+    exception when others then
+        null;  -- not stored (a concurrent change of the type, a lock): computed next time
     end;
 end
 $$;
 
-comment on function pgrag.stats_cache_put(text, text, jsonb, pg_snapshot, xid8) is
-    'Store computed statistics with their snapshot (best effort; never an older over a newer)';
+comment on function pgrag.stats_cache_put(text, bytea, text, jsonb, pg_snapshot, xid8, regclass[])
+    is 'Store computed statistics with their snapshot (best effort; never an older over a newer)';
 
 create or replace function pgrag.prune_stats_changes()
 returns bigint
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $$
--- Move the horizon up to the oldest snapshot that still matters: the oldest of this session's
--- snapshot and the cached results younger than a day (older ones are dropped), and delete the
--- rows of pgrag.stats_changes below it. Returns how many it deleted. Skips when another
--- session is pruning.
+-- Drop the cached results that no longer hold (or are older than a day), move the horizon up
+-- to the oldest snapshot still needed (this session's, or a remaining result's), and delete
+-- the rows of pgrag.stats_changes below it. Returns how many it deleted. On another server
+-- than the horizon's (a restored dump), everything is dropped and the horizon starts over.
+-- Skips when another session is pruning.
 declare
     h pgrag.stats_cache_horizon;
     target xid8;
@@ -346,7 +466,19 @@ begin
     if not found then
         return 0;
     end if;
-    delete from pgrag.stats_cache c where c.computed_at < now() - interval '1 day';
+    if h.server_started is distinct from pg_postmaster_start_time() then
+        delete from pgrag.stats_cache;
+        delete from pgrag.stats_changes;
+        get diagnostics n = row_count;
+        update pgrag.stats_cache_horizon
+           set pruned_below = pg_snapshot_xmin(pg_current_snapshot()),
+               server_started = pg_postmaster_start_time();
+        return n;
+    end if;
+    delete from pgrag.stats_cache c
+     where c.computed_at < now() - interval '1 day'
+        or not pgrag.stats_cache_valid(c, (select s.cache_deps from pgrag.doc_stats s
+                                            where s.doc_type = c.doc_type));
     select least(pg_snapshot_xmin(pg_current_snapshot()), min(pg_snapshot_xmin(c.snap)))
       into target from pgrag.stats_cache c;
     if target <= h.pruned_below then
@@ -360,7 +492,7 @@ end
 $$;
 
 comment on function pgrag.prune_stats_changes() is
-    'Delete the rows of pgrag.stats_changes no cached result or running snapshot needs';
+    'Drop stale cached statistics and the rows of pgrag.stats_changes none still needs';
 
 -- Replaces 40_security.sql's version (the downgrade of 0008 re-applies that one): the cache.
 create or replace function pgrag.doc_type_stats_where(doc_type text, condition text)
@@ -380,9 +512,9 @@ as $$
 declare
     body text;
     deps regclass[];
+    key bytea;
     cur refcursor;
     result jsonb;
-    snap pg_snapshot;
 begin
     if not pgrag.sees_all_tenants() then
         open cur no scroll for execute format(
@@ -398,13 +530,11 @@ begin
     if body is null then
         return null;
     end if;
-    -- (a role that sees every tenant without the writer's grants computes every time)
-    deps := case when has_table_privilege('pgrag.stats_cache', 'select') then deps end;
-    if deps is not null then
+    if deps is not null and pgrag.stats_cache_usable() then
+        key := sha256(convert_to(condition || E'\x1e' || pgrag.stats_settings_key(), 'UTF8'));
         select c.stats into result from pgrag.stats_cache c
          where c.doc_type = doc_type and c.role_name = current_user
-           and c.condition_hash = sha256(convert_to(condition, 'UTF8'))
-           and pgrag.stats_cache_valid(c.snap, c.owner_xid, deps);
+           and c.condition_hash = key and pgrag.stats_cache_valid(c, deps);
         if found then
             return result;
         end if;
@@ -414,9 +544,9 @@ begin
         using doc_type;
     fetch cur into result;
     close cur;
-    if deps is not null then
-        perform pgrag.stats_cache_put(doc_type, condition, result, pg_current_snapshot(),
-                                      pg_current_xact_id_if_assigned());
+    if key is not null then
+        perform pgrag.stats_cache_put(doc_type, key, condition, result, pg_current_snapshot(),
+                                      pg_current_xact_id_if_assigned(), deps);
     end if;
     return result;
 end
@@ -426,7 +556,11 @@ comment on function pgrag.doc_type_stats_where(text, text) is
     'A document type''s statistics over its chunks matching a condition with literal values, '
     'in one pass or from the statistics cache (readers through pgrag.reader_doc_type_stats)';
 
--- ---- grants, for the role names in pgrag.settings ----
+-- ---- row-level security and grants, for the role names in pgrag.settings ----
+
+drop policy if exists stats_cache_own on pgrag.stats_cache;
+create policy stats_cache_own on pgrag.stats_cache
+    using (role_name = current_user) with check (role_name = current_user);
 
 do $$
 declare
@@ -434,12 +568,14 @@ declare
 begin
     select * into strict s from pgrag.settings;
     -- The trigger function is the migrating role's (security definer): anyone may write a
-    -- watched table. Caching is the writer's to turn on, like declaring the statistics.
+    -- watched table. Creating the trigger takes EXECUTE, which the writer gets; caching is the
+    -- writer's to turn on, like declaring the statistics.
     revoke all on function pgrag.stats_changed() from public;
     revoke all on function pgrag.cache_stats(text, boolean) from public;
+    execute format('grant execute on function pgrag.stats_changed() to %I', s.writer_role);
     execute format('grant execute on function pgrag.cache_stats(text, boolean) to %I',
                    s.writer_role);
-    -- The cache holds every tenant's statistics: the writer's (and the owner's) alone.
+    -- Every tenant's statistics: the writer's (each role its own rows) and the owner's.
     execute format('grant select, insert, update, delete on pgrag.stats_cache to %I',
                    s.writer_role);
     execute format('grant select, update on pgrag.stats_cache_horizon to %I', s.writer_role);

@@ -17,17 +17,22 @@ comment on column pgrag.doc_stats.cache_deps is
 create table pgrag.stats_cache (
     doc_type text not null references pgrag.doc_stats (doc_type) on delete cascade,
     role_name name not null,          -- whose privileges computed it: only that role reuses it
-    condition_hash bytea not null,    -- sha256 of condition
+    condition_hash bytea not null,    -- sha256 of condition and the settings output depends on
     condition text not null,          -- the chunks' condition (alias c), values as literals
     stats jsonb,
     snap pg_snapshot not null,        -- the snapshot the statistics were computed in
     owner_xid xid8,                   -- the computing transaction's id, if it had one then
+    server_started timestamptz not null,  -- pg_postmaster_start_time(): xids of this server
+    triggers text not null,           -- the tables' triggers then (pgrag.stats_triggers_state)
     computed_at timestamptz not null default now(),
     primary key (doc_type, role_name, condition_hash)
 );
 
 comment on table pgrag.stats_cache is
     'Exact statistics per document type, role and filter, with the snapshot they were computed in';
+
+-- Each role sees and writes only its own results (the policy: 60_stats_cache.sql).
+alter table pgrag.stats_cache enable row level security;
 
 -- One row per transaction and table it wrote, for the tables cached statistics read. Inserted
 -- by pgrag.stats_changed (statement triggers), deleted below the horizon by pgrag.stats_cache_put.
@@ -44,7 +49,8 @@ comment on table pgrag.stats_changes is
 -- snapshot is older than that can no longer be checked, and is not used.
 create table pgrag.stats_cache_horizon (
     one boolean primary key default true check (one),
-    pruned_below xid8 not null default '0'
+    pruned_below xid8 not null default '0',
+    server_started timestamptz  -- the server whose xids pruned_below counts
 );
 
 insert into pgrag.stats_cache_horizon default values;
