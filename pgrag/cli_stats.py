@@ -61,7 +61,12 @@ def list_types(ctx: click.Context) -> None:
     if not types:
         click.echo("no document type has declared statistics (pgrag.declare_stats)")
     for t in types:
-        if t.cached:
+        if t.cached and not t.triggers_ok:
+            click.echo(
+                f"{t.doc_type}: cached, but a table's trigger is missing or not ENABLE ALWAYS, "
+                f"so computed every time: run `pgrag stats-cache on {t.doc_type}`"
+            )
+        elif t.cached:
             click.echo(
                 f"{t.doc_type}: cached, {t.results} results; written by: {', '.join(t.tables)}"
             )

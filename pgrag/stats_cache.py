@@ -25,13 +25,16 @@ class CachedType:
     cached: bool
     tables: tuple[str, ...]  # the tables whose writes invalidate its results (cached only)
     results: int  # cached results (filters x roles)
+    triggers_ok: bool  # every table has its trigger, enabled always (else computed every time)
 
 
 _STATUS = """
 select s.doc_type, s.cache_deps is not null as cached,
        coalesce((select array_agg(d::text order by d::text) from unnest(s.cache_deps) d),
                 '{}') as tables,
-       (select count(*) from pgrag.stats_cache c where c.doc_type = s.doc_type) as results
+       (select count(*) from pgrag.stats_cache c where c.doc_type = s.doc_type) as results,
+       s.cache_deps is not null and pgrag.stats_triggers_state(s.cache_deps) is not null
+           as triggers_ok
 from pgrag.doc_stats s
 order by s.doc_type
 """
@@ -50,7 +53,10 @@ def set_cached(conn: psycopg.Connection[Any], doc_type: str, enabled: bool = Tru
 
 
 def status(conn: psycopg.Connection[Any]) -> list[CachedType]:
-    """Every type with declared statistics: whether cached, its tables, its cached results."""
+    """Every type with declared statistics: whether cached, its tables, its cached results
+    (rows of other roles are not counted: each role sees its own)."""
     with conn.cursor(row_factory=class_row(CachedType)) as cur:
         rows = cur.execute(_STATUS).fetchall()
-    return [CachedType(r.doc_type, r.cached, tuple(r.tables), r.results) for r in rows]
+    return [
+        CachedType(r.doc_type, r.cached, tuple(r.tables), r.results, r.triggers_ok) for r in rows
+    ]

@@ -414,7 +414,12 @@ def test_a_write_while_the_trigger_was_disabled_is_not_missed(bonus_url: str) ->
         conn.execute("update shop.bonus set amount = 3")
         assert bonus(conn) == 3
         listed = {t.doc_type: t for t in stats_cache.status(conn)}
-        assert listed["customer_profile"].cached
+        assert listed["customer_profile"].cached and not listed["customer_profile"].triggers_ok
+        assert listed["order_detail"].triggers_ok
+        out = run_pgrag("stats-cache", "list", env={"PGRAG_DATABASE_URL": bonus_url})
+        assert "customer_profile: cached, but a table's trigger is missing" in out.stdout
+        stats_cache.set_cached(conn, "customer_profile")  # puts it back
+        assert {t.doc_type: t for t in stats_cache.status(conn)}["customer_profile"].triggers_ok
 
 
 def test_the_transaction_that_computed_and_then_wrote_is_never_reused(bonus_url: str) -> None:

@@ -215,14 +215,19 @@ begin
     end loop;
     foreach t in array wanted loop
         continue when exists (select from pg_trigger tg
-                               where tg.tgname = 'pgrag_stats_changed' and tg.tgrelid = t);
+                               where tg.tgname = 'pgrag_stats_changed' and tg.tgrelid = t
+                                 and tg.tgenabled = 'A');
         begin
-            execute format(
-                'create trigger pgrag_stats_changed after insert or update%s or delete or '
-                'truncate on %s for each statement execute function pgrag.stats_changed()',
-                case when t = 'pgrag.chunks'::regclass
-                     then ' of ' || array_to_string(pgrag.stats_chunk_columns(), ', ')
-                     else '' end, t);
+            if not exists (select from pg_trigger tg
+                            where tg.tgname = 'pgrag_stats_changed' and tg.tgrelid = t) then
+                execute format(
+                    'create trigger pgrag_stats_changed after insert or update%s or delete or '
+                    'truncate on %s for each statement execute function pgrag.stats_changed()',
+                    case when t = 'pgrag.chunks'::regclass
+                         then ' of ' || array_to_string(pgrag.stats_chunk_columns(), ', ')
+                         else '' end, t);
+            end if;
+            -- (also a disabled one: cache_stats is how to turn the cache back on)
             execute format('alter table %s enable always trigger pgrag_stats_changed', t);
         exception when insufficient_privilege then
             raise exception using errcode = 'PR003',
