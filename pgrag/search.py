@@ -14,7 +14,7 @@ The statement (docs/search.md) is a chain of CTEs:
   ``matched`` when it holds them all (one pass over the filter's rows), else all over again
   (``+ 0`` on the distance keeps the planner off the HNSW index);
 - ``fts``: ``tsv @@ pgrag.search_tsquery(text, match, pgrag.common_lexemes())`` ranked by
-  ``ts_rank_cd`` (``match = any`` leaves out the words in most chunks of a large store);
+  ``ts_rank`` (``match = any`` leaves out the words in most chunks of a large store);
 - ``fused``: reciprocal rank fusion, ``1 / (rrf_k + rank)`` summed over both lists;
 - ``stats``: ``pgrag.doc_type_stats`` of every searched document type with declared statistics,
   over *every* chunk matching the filter (not the top k; ``pgrag.doc_type_stats_where``, one
@@ -100,7 +100,7 @@ class SearchHit:
     source_key: str
     text: str
     metadata: dict[str, Any]
-    score: float  # hybrid: RRF; vector: 1 - cosine distance; text: ts_rank_cd
+    score: float  # hybrid: RRF; vector: 1 - cosine distance; text: ts_rank
     distance: float | None  # cosine distance (None when only full text found it)
     vector_rank: int | None
     text_rank: int | None
@@ -220,7 +220,7 @@ fts_rows as (
     where c.tsv @@ (select q from tq) and {where}
     limit %(fts_limit)s),
 fts_scored as (
-    select r.id, ts_rank_cd(r.tsv, (select q from tq)) as score from fts_rows r),
+    select r.id, ts_rank(r.tsv, (select q from tq)) as score from fts_rows r),
 fts as (
     select r.id, r.score, row_number() over (order by r.score desc, r.id)::integer as rank
     from fts_scored r

@@ -259,7 +259,8 @@ comment on function pgrag.estimate_rows(text) is
 --   candidates pass the filter. path: exact when fewer rows match, or when the index came back
 --   with fewer than kc rows (max_scan_tuples reached); vec_exact then takes matched's rows when
 --   it holds them all, or compares every matching vector again.
---   fts: full-text matches ranked by ts_rank_cd (the first fts_limit matching rows).
+--   fts: full-text matches ranked by ts_rank (the first fts_limit matching rows; ts_rank_cd,
+--   which weighs how close the words are, cost three times as much for no better answers).
 --   fused: reciprocal rank fusion, 1 / (rrf_k + rank) summed over the two lists.
 create or replace function pgrag.filter_index_keys()
 returns text[]
@@ -458,7 +459,7 @@ fts_rows as (
     where c.tsv @@ (select q from tq) and %1$s
     limit $12),
 fts_scored as (
-    select r.id, ts_rank_cd(r.tsv, (select q from tq)) as score from fts_rows r),
+    select r.id, ts_rank(r.tsv, (select q from tq)) as score from fts_rows r),
 fts as (
     select r.id, r.score, row_number() over (order by r.score desc, r.id)::integer as rank
     from fts_scored r
@@ -572,4 +573,4 @@ as $$
 $$;
 
 comment on function pgrag.text_search(text, integer, jsonb, text[], text) is
-    'Full-text search ranked by ts_rank_cd, for stores or users without an embedder';
+    'Full-text search ranked by ts_rank, for stores or users without an embedder';
