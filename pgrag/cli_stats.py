@@ -42,7 +42,7 @@ def on(ctx: click.Context, doc_type: str) -> None:
 @click.argument("doc_type")
 @click.pass_context
 def off(ctx: click.Context, doc_type: str) -> None:
-    """Compute DOC_TYPE's statistics at every call again; drops its cached results."""
+    """Compute DOC_TYPE's statistics at every call again (its cached results are never used)."""
     from pgrag.db import connect
 
     with connect(url_of(ctx)) as client:

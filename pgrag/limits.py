@@ -20,8 +20,8 @@ from pgrag.errors import ConfigError, DimensionMismatch, PgragError
 # search; 10,000 characters is far past both. (A 1 MB question made websearch_to_tsquery exceed
 # PostgreSQL's max_stack_depth after ten seconds.)
 MAX_QUESTION_CHARS = 10_000
-# Full text ranking costs grow with the query's terms (ts_rank_cd's, used until revision 0008's
-# release, with their square): measured with ts_rank_cd on
+# Full text ranking costs grow with the query's terms (ts_rank_cd's, which ranked until
+# 2026-12, with their square): measured with ts_rank_cd on
 # 2,300 matching chunks, 100 terms rank in 0.4 to 1.1 s, 400 in 6 s to over a minute. A question
 # is refused past 100 words (an embedder's window is about 190 words anyway).
 MAX_QUESTION_WORDS = 100

@@ -42,7 +42,7 @@ order by s.doc_type
 
 def set_cached(conn: psycopg.Connection[Any], doc_type: str, enabled: bool = True) -> list[str]:
     """Cache (or stop caching) ``doc_type``'s statistics; the tables whose writes invalidate
-    them ([] when off). Either way its cached results are dropped. DocumentError when the
+    them ([] when off). Either way its cached results are not used again. DocumentError when the
     type has no statistics, or its query could change with none of those tables written."""
     with mapped_database_errors():
         row = conn.execute(

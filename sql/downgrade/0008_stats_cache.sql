@@ -15,10 +15,10 @@ drop trigger pgrag_stats_redeclared on pgrag.doc_stats;
 drop function pgrag.stats_redeclared();
 drop function pgrag.stats_changed();
 drop function pgrag.cache_stats(text, boolean);
-drop function pgrag.sync_stats_triggers();
+drop function pgrag.sync_stats_triggers(regclass[]);
 drop function pgrag.stats_query_tables(text);
 drop function pgrag.prune_stats_changes();
-drop function pgrag.stats_cache_put(text, bytea, text, jsonb, pg_snapshot, xid8, regclass[]);
+drop function pgrag.stats_cache_put(text, bytea, text, jsonb, pg_snapshot, xid8, text);
 drop function pgrag.stats_cache_valid(pgrag.stats_cache, regclass[]);  -- uses the next two
 drop function pgrag.stats_triggers_state(regclass[]);
 drop function pgrag.stats_chunk_columns();

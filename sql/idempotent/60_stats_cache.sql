@@ -187,14 +187,17 @@ comment on function pgrag.stats_query_tables(text) is
     'The tables a type''s declared statistics read (views followed, with pgrag.chunks and '
     'pgrag.doc_stats); PR003 when a cached result could go stale with none of them written';
 
-create or replace function pgrag.sync_stats_triggers()
+create or replace function pgrag.sync_stats_triggers(ensure regclass[])
 returns void
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $$
--- The trigger pgrag_stats_changed on exactly the tables some cached statistics read: created
--- where missing, dropped where no longer needed (left, with a notice, on a table the caller
--- may not alter: it only records writes). pgrag.chunks' leaves out the vector columns.
+-- The trigger pgrag_stats_changed: created, or re-enabled ALWAYS, on the tables in `ensure`
+-- (the type being cached); dropped from the tables no cached type reads any more (left, with
+-- a notice, on a table the caller may not alter: it only records writes). pgrag.chunks' and
+-- pgrag.doc_stats' stay once created: dropping a trigger takes an ACCESS EXCLUSIVE lock,
+-- which would queue every search behind the longest one. pgrag.chunks' leaves out the vector
+-- columns.
 declare
     wanted regclass[];
     t regclass;
@@ -204,7 +207,9 @@ begin
      where s.cache_deps is not null
        and exists (select from pg_class c where c.oid = d);  -- not a dropped table's
     for t in select tg.tgrelid::regclass from pg_trigger tg
-              where tg.tgname = 'pgrag_stats_changed' and tg.tgrelid <> all(wanted) loop
+              where tg.tgname = 'pgrag_stats_changed' and tg.tgrelid <> all(wanted)
+                and tg.tgrelid not in ('pgrag.chunks'::regclass, 'pgrag.doc_stats'::regclass)
+    loop
         begin
             execute format('drop trigger pgrag_stats_changed on %s', t);
         exception when insufficient_privilege then
@@ -213,7 +218,7 @@ begin
                                     'on %s', t);
         end;
     end loop;
-    foreach t in array wanted loop
+    foreach t in array coalesce(ensure, '{}') loop
         continue when exists (select from pg_trigger tg
                                where tg.tgname = 'pgrag_stats_changed' and tg.tgrelid = t
                                  and tg.tgenabled = 'A');
@@ -239,8 +244,8 @@ begin
 end
 $$;
 
-comment on function pgrag.sync_stats_triggers() is
-    'Put the trigger pgrag_stats_changed on exactly the tables cached statistics read';
+comment on function pgrag.sync_stats_triggers(regclass[]) is
+    'Put the trigger pgrag_stats_changed on the given tables; drop it where no cached type needs it';
 
 create or replace function pgrag.cache_stats(doc_type text, enabled boolean default true)
 returns regclass[]
@@ -249,9 +254,9 @@ set search_path = pg_catalog, pg_temp
 as $$
 #variable_conflict use_variable
 -- Cache (or, with false, stop caching) the statistics of doc_type; returns the tables whose
--- writes invalidate them (NULL when off). Drops the type's cached results either way: calling
--- it again is how to start afresh after DDL that rewrote a table without writing rows through
--- DML (ALTER TABLE ... TYPE), which no trigger sees.
+-- writes invalidate them (NULL when off). Invalidates the type's cached results either way:
+-- calling it again is how to start afresh after DDL that rewrote a table without writing rows
+-- through DML (ALTER TABLE ... TYPE), which no trigger sees.
 declare
     deps regclass[];
 begin
@@ -271,9 +276,11 @@ begin
             message = format('document type %s has no declared statistics', doc_type),
             hint = 'pgrag.doc_stats lists the types with statistics';
     end if;
+    -- the update is a write to pgrag.doc_stats, a table of every cached type: the type's
+    -- results computed before it are never used again (and pruned); deleting them here could
+    -- wait on a session that stored one and has not committed
     update pgrag.doc_stats s set cache_deps = deps where s.doc_type = doc_type;
-    delete from pgrag.stats_cache c where c.doc_type = doc_type;
-    perform pgrag.sync_stats_triggers();
+    perform pgrag.sync_stats_triggers(deps);
     return deps;
 end
 $$;
@@ -294,7 +301,7 @@ as $$
 begin
     if tg_op = 'DELETE' then
         if old.cache_deps is not null then
-            perform pgrag.sync_stats_triggers();
+            perform pgrag.sync_stats_triggers('{}');
         end if;
     elsif new.cache_deps is not null and new.stats_sql is distinct from old.stats_sql then
         perform pgrag.cache_stats(new.doc_type, true);
@@ -336,6 +343,7 @@ return concat_ws(E'\x1f', current_setting('TimeZone'), current_setting('DateStyl
                  current_setting('IntervalStyle'), current_setting('extra_float_digits'),
                  current_setting('lc_monetary'), current_setting('lc_numeric'),
                  current_setting('lc_time'), current_setting('bytea_output'),
+                 current_setting('timezone_abbreviations'),
                  current_setting('default_text_search_config'));
 
 comment on function pgrag.stats_settings_key() is
@@ -349,7 +357,9 @@ set search_path = pg_catalog, pg_temp
 -- with the writer's grants on the cache's tables (a role that sees every tenant without them
 -- computes every time, as before 0008).
 return current_setting('transaction_isolation') <> 'serializable'
-   and has_table_privilege('pgrag.stats_cache', 'select, insert, update')
+   and has_table_privilege('pgrag.stats_cache', 'select')
+   and has_table_privilege('pgrag.stats_cache', 'insert')
+   and has_table_privilege('pgrag.stats_cache', 'update')
    and has_table_privilege('pgrag.stats_changes', 'select')
    and has_table_privilege('pgrag.stats_cache_horizon', 'select');
 
@@ -369,7 +379,10 @@ return (
        and not exists (select from pg_class t
                         where t.oid = any(deps::oid[]) and t.oid <> 'pgrag.chunks'::regclass
                           and (t.relrowsecurity or t.relhassubclass))
-       and not exists (select from unnest(deps) d where not has_table_privilege(d, 'select'))
+       and not exists (select from pg_class t
+                        where t.oid = any(deps::oid[])
+                          and not (has_table_privilege(t.oid, 'select')
+                                   and has_schema_privilege(t.relnamespace, 'usage')))
        and not exists (select from pg_subscription s
                         where s.subdbid = (select d.oid from pg_database d
                                             where d.datname = current_database()))
@@ -394,7 +407,7 @@ comment on function pgrag.stats_cache_valid(pgrag.stats_cache, regclass[]) is
 
 create or replace function pgrag.stats_cache_put(doc_type text, key bytea, condition text,
                                                  stats jsonb, snap pg_snapshot, owner_xid xid8,
-                                                 deps regclass[])
+                                                 state text)
 returns void
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
@@ -406,9 +419,10 @@ as $$
 -- the same key (an advisory lock, tried), or on any failure, nothing is stored and the search
 -- goes on. A newer result is never replaced by an older one. Every 1,000 rows of
 -- pgrag.stats_changes it prunes them (pgrag.prune_stats_changes).
+-- state: pgrag.stats_triggers_state as the statement that computed the result saw it (read
+-- here, a volatile function's newer snapshot could miss a trigger disabled meanwhile).
 declare
     h pgrag.stats_cache_horizon;
-    state text := pgrag.stats_triggers_state(deps);
 begin
     if pg_is_in_recovery() or current_setting('transaction_read_only')::boolean
        or state is null then
@@ -449,7 +463,7 @@ begin
 end
 $$;
 
-comment on function pgrag.stats_cache_put(text, bytea, text, jsonb, pg_snapshot, xid8, regclass[])
+comment on function pgrag.stats_cache_put(text, bytea, text, jsonb, pg_snapshot, xid8, text)
     is 'Store computed statistics with their snapshot (best effort; never an older over a newer)';
 
 create or replace function pgrag.prune_stats_changes()
@@ -475,15 +489,16 @@ begin
         delete from pgrag.stats_cache;
         delete from pgrag.stats_changes;
         get diagnostics n = row_count;
+        -- every row this snapshot saw is gone: only a snapshot that saw them all may be used
         update pgrag.stats_cache_horizon
-           set pruned_below = pg_snapshot_xmin(pg_current_snapshot()),
+           set pruned_below = pg_snapshot_xmax(pg_current_snapshot()),
                server_started = pg_postmaster_start_time();
         return n;
     end if;
     delete from pgrag.stats_cache c
      where c.computed_at < now() - interval '1 day'
-        or not pgrag.stats_cache_valid(c, (select s.cache_deps from pgrag.doc_stats s
-                                            where s.doc_type = c.doc_type));
+        or not coalesce(pgrag.stats_cache_valid(c, (select s.cache_deps from pgrag.doc_stats s
+                                                     where s.doc_type = c.doc_type)), false);
     select least(pg_snapshot_xmin(pg_current_snapshot()), min(pg_snapshot_xmin(c.snap)))
       into target from pgrag.stats_cache c;
     if target <= h.pruned_below then
@@ -518,6 +533,7 @@ declare
     body text;
     deps regclass[];
     key bytea;
+    state text;
     cur refcursor;
     result jsonb;
 begin
@@ -537,6 +553,7 @@ begin
     end if;
     if deps is not null and pgrag.stats_cache_usable() then
         key := sha256(convert_to(condition || E'\x1e' || pgrag.stats_settings_key(), 'UTF8'));
+        state := pgrag.stats_triggers_state(deps);  -- in this statement's snapshot
         select c.stats into result from pgrag.stats_cache c
          where c.doc_type = doc_type and c.role_name = current_user
            and c.condition_hash = key and pgrag.stats_cache_valid(c, deps);
@@ -551,7 +568,7 @@ begin
     close cur;
     if key is not null then
         perform pgrag.stats_cache_put(doc_type, key, condition, result, pg_current_snapshot(),
-                                      pg_current_xact_id_if_assigned(), deps);
+                                      pg_current_xact_id_if_assigned(), state);
     end if;
     return result;
 end

@@ -15,7 +15,8 @@ comment on column pgrag.doc_stats.cache_deps is
     'tables the declared query reads (pgrag.cache_stats)';
 
 create table pgrag.stats_cache (
-    doc_type text not null references pgrag.doc_stats (doc_type) on delete cascade,
+    doc_type text not null,           -- no foreign key: a search storing a result locks no
+                                      -- row of pgrag.doc_stats (prune drops orphans)
     role_name name not null,          -- whose privileges computed it: only that role reuses it
     condition_hash bytea not null,    -- sha256 of condition and the settings output depends on
     condition text not null,          -- the chunks' condition (alias c), values as literals
