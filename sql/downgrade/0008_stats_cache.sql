@@ -19,10 +19,11 @@ drop function pgrag.sync_stats_triggers(regclass[]);
 drop function pgrag.stats_query_tables(text);
 drop function pgrag.prune_stats_changes();
 drop function pgrag.stats_cache_put(text, bytea, text, jsonb, pg_snapshot, xid8, text);
-drop function pgrag.stats_cache_valid(pgrag.stats_cache, regclass[]);  -- uses the next two
+drop function pgrag.stats_cache_valid(pgrag.stats_cache, regclass[], text);  -- before what it uses
 drop function pgrag.stats_triggers_state(regclass[]);
 drop function pgrag.stats_chunk_columns();
 drop function pgrag.stats_settings_key();
+drop function pgrag.stats_database_subscribed();
 drop function pgrag.stats_cache_usable();
 drop table pgrag.stats_cache_horizon;
 drop table pgrag.stats_changes;

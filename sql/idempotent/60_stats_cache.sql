@@ -247,6 +247,19 @@ $$;
 comment on function pgrag.sync_stats_triggers(regclass[]) is
     'Put the trigger pgrag_stats_changed on the given tables; drop it where no cached type needs it';
 
+create or replace function pgrag.stats_database_subscribed()
+returns boolean
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+-- Whether this database has a logical replication subscription: its apply process fires row
+-- triggers only, so writes it applies would go unrecorded.
+return exists (select from pg_subscription s
+                where s.subdbid = (select d.oid from pg_database d
+                                    where d.datname = current_database()));
+
+comment on function pgrag.stats_database_subscribed() is
+    'Whether this database has a logical replication subscription (no cached statistics then)';
+
 create or replace function pgrag.cache_stats(doc_type text, enabled boolean default true)
 returns regclass[]
 language plpgsql volatile security invoker
@@ -261,9 +274,7 @@ declare
     deps regclass[];
 begin
     if enabled then
-        if exists (select from pg_subscription s
-                    where s.subdbid = (select d.oid from pg_database d
-                                        where d.datname = current_database())) then
+        if pgrag.stats_database_subscribed() then
             raise exception using errcode = 'PR003',
                 message = format('the statistics of %s cannot be cached: this database has a '
                                  'logical replication subscription, whose apply process fires '
@@ -366,16 +377,18 @@ return current_setting('transaction_isolation') <> 'serializable'
 comment on function pgrag.stats_cache_usable() is
     'Whether the calling statement may use the statistics cache';
 
-create or replace function pgrag.stats_cache_valid(c pgrag.stats_cache, deps regclass[])
+create or replace function pgrag.stats_cache_valid(c pgrag.stats_cache, deps regclass[],
+                                                   state text)
 returns boolean
 language sql stable security invoker
 set search_path = pg_catalog, pg_temp
 -- Whether cached result c (of a type reading deps) holds for the calling statement's
--- snapshot: the conditions at the top of this file.
+-- snapshot: the conditions at the top of this file. state: pgrag.stats_triggers_state(deps)
+-- in this snapshot (the caller has it already: read once, not once per result).
 return (
     with now_snap as (select pg_current_snapshot() as r)
     select (c).server_started = pg_postmaster_start_time()
-       and (c).triggers = pgrag.stats_triggers_state(deps)
+       and (c).triggers = state
        and not exists (select from pg_class t
                         where t.oid = any(deps::oid[]) and t.oid <> 'pgrag.chunks'::regclass
                           and (t.relrowsecurity or t.relhassubclass))
@@ -383,9 +396,7 @@ return (
                         where t.oid = any(deps::oid[])
                           and not (has_table_privilege(t.oid, 'select')
                                    and has_schema_privilege(t.relnamespace, 'usage')))
-       and not exists (select from pg_subscription s
-                        where s.subdbid = (select d.oid from pg_database d
-                                            where d.datname = current_database()))
+       and not pgrag.stats_database_subscribed()
        and (select h.server_started = (c).server_started
                    and pg_snapshot_xmin((c).snap) >= h.pruned_below
               from pgrag.stats_cache_horizon h)
@@ -402,7 +413,7 @@ return (
                             where l.xid = (c).owner_xid and l.relid = any(deps::oid[])))
     from now_snap);
 
-comment on function pgrag.stats_cache_valid(pgrag.stats_cache, regclass[]) is
+comment on function pgrag.stats_cache_valid(pgrag.stats_cache, regclass[], text) is
     'Whether cached statistics still hold for the calling statement''s snapshot';
 
 create or replace function pgrag.stats_cache_put(doc_type text, key bytea, condition text,
@@ -497,8 +508,9 @@ begin
     end if;
     delete from pgrag.stats_cache c
      where c.computed_at < now() - interval '1 day'
-        or not coalesce(pgrag.stats_cache_valid(c, (select s.cache_deps from pgrag.doc_stats s
-                                                     where s.doc_type = c.doc_type)), false);
+        or not coalesce((select pgrag.stats_cache_valid(c, s.cache_deps,
+                                                        pgrag.stats_triggers_state(s.cache_deps))
+                           from pgrag.doc_stats s where s.doc_type = c.doc_type), false);
     select least(pg_snapshot_xmin(pg_current_snapshot()), min(pg_snapshot_xmin(c.snap)))
       into target from pgrag.stats_cache c;
     if target <= h.pruned_below then
@@ -556,7 +568,7 @@ begin
         state := pgrag.stats_triggers_state(deps);  -- in this statement's snapshot
         select c.stats into result from pgrag.stats_cache c
          where c.doc_type = doc_type and c.role_name = current_user
-           and c.condition_hash = key and pgrag.stats_cache_valid(c, deps);
+           and c.condition_hash = key and pgrag.stats_cache_valid(c, deps, state);
         if found then
             return result;
         end if;
