@@ -509,10 +509,9 @@ def markdown(reports: Sequence[SizeReport], command: str, stem: str = "search-sw
                 "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
             ]
             for label, st in rep.stages.items():
-                cached = st.get("cached", {"p50": float("nan"), "p95": float("nan")})
                 out.append(
                     f"| {label} | {st['statement']['p50']:.2f} | {st['statement']['p95']:.2f} "
-                    f"| {cached['p50']:.2f} | {cached['p95']:.2f} "
+                    f"| {st['cached']['p50']:.2f} | {st['cached']['p95']:.2f} "
                     f"| {st['embed']['p50']:.2f} | {st['embed']['p95']:.2f} "
                     f"| {st['search']['p95']:.2f} | {st['total']['p50']:.2f} "
                     f"| {st['total']['p95']:.2f} | {st['total']['p99']:.2f} |"
