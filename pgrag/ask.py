@@ -61,6 +61,7 @@ class AskResult:
     scan: str
     timings: dict[str, float]  # ms: parse, embed, search, rerank, generate, total
     cache_hit: bool | None  # the question's vector came from the query cache
+    stats_cached: dict[str, bool] | None  # per type: statistics from the statistics cache
     notes: tuple[str, ...]
 
 
@@ -212,6 +213,7 @@ def ask(
         scan=found.scan,
         timings=timings,
         cache_hit=found.cache_hit,
+        stats_cached=found.stats_cached,
         notes=tuple(notes),
     )
 

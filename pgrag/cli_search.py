@@ -88,6 +88,20 @@ def _timings(t: dict[str, float]) -> str:
     return ", ".join(f"{k.removesuffix('_ms')} {v:.1f} ms" for k, v in t.items())
 
 
+def _stats_cache(cached: dict[str, bool] | None) -> str:
+    """Which types' statistics were statistics-cache hits, for the timings line."""
+    if not cached:
+        return ""
+    hits = sorted(t for t, hit in cached.items() if hit)
+    computed = sorted(t for t, hit in cached.items() if not hit)
+    parts = []
+    if hits:
+        parts.append("statistics cache hit: " + ", ".join(hits))
+    if computed:
+        parts.append("statistics computed: " + ", ".join(computed))
+    return "; " + "; ".join(parts)
+
+
 def print_hits(hits: Any) -> None:
     for h in hits:
         ranks = f"vector #{h.vector_rank}" if h.vector_rank else ""
@@ -147,7 +161,10 @@ def search(
     if result.stats is not None:
         click.echo("stats: " + json.dumps(result.stats, default=str))
     cache = "" if result.cache_hit is None else f", query cache {result.cache_source}"
-    click.echo(f"{len(result.hits)} hits, {result.scan} scan{cache}: {_timings(result.timings)}")
+    click.echo(
+        f"{len(result.hits)} hits, {result.scan} scan{cache}: {_timings(result.timings)}"
+        f"{_stats_cache(result.stats_cached)}"
+    )
 
 
 def print_answer(result: Any) -> None:
@@ -166,7 +183,7 @@ def print_answer(result: Any) -> None:
     cache = (
         "" if result.cache_hit is None else f"; query cache {'hit' if result.cache_hit else 'miss'}"
     )
-    click.echo(f"timings: {_timings(result.timings)}{cache}")
+    click.echo(f"timings: {_timings(result.timings)}{cache}{_stats_cache(result.stats_cached)}")
 
 
 @click.command("ask", context_settings=CONTEXT_SETTINGS)

@@ -17,8 +17,9 @@ The statement (docs/search.md) is a chain of CTEs:
   ``ts_rank`` (``match = any`` leaves out the words in most chunks of a large store);
 - ``fused``: reciprocal rank fusion, ``1 / (rrf_k + rank)`` summed over both lists;
 - ``stats``: ``pgrag.doc_type_stats`` of every searched document type with declared statistics,
-  over *every* chunk matching the filter (not the top k; ``pgrag.doc_type_stats_where``, one
-  pass over them), plus the embedder check;
+  over *every* chunk matching the filter (not the top k; ``pgrag.doc_type_stats_lookup``, one
+  pass over them or the statistics cache's result, and whether it was a cache hit), plus the
+  embedder check;
 - the final SELECT joins each hit to its chunk and its parent chunk.
 
 The per-query HNSW settings go through ``set_config(..., true)`` in the same transaction and
@@ -114,6 +115,9 @@ class SearchHit:
 class SearchResult:
     hits: tuple[SearchHit, ...]
     stats: dict[str, Any] | None  # {doc_type: {...}} when asked for
+    # {doc_type: True} when that type's statistics came from the statistics cache (pgrag
+    # stats-cache), False when computed by this search; None without stats
+    stats_cached: dict[str, bool] | None
     scan: str  # "exact", "index" (HNSW), or "text" (no vector search)
     timings: dict[str, float]  # milliseconds: embed_ms, search_ms, total_ms
     cache_hit: bool | None  # the query vector came from the query cache (None: no embedding)
@@ -138,6 +142,7 @@ class _Row:
     parent_text: str | None
     scan: str | None
     stats: dict[str, Any] | None
+    stats_cached: dict[str, bool] | None
 
 
 @dataclass(frozen=True)
@@ -268,7 +273,7 @@ def _stats_cte(req: SearchRequest) -> sql.Composed:
     if not req.with_stats:
         return sql.SQL(
             "\nguard as materialized (select {guard} as ok),"
-            "\nstats as (select null::jsonb as stats from guard),"
+            "\nstats as (select null::jsonb as stats, null::jsonb as stats_cached from guard),"
         ).format(guard=guard)
     doc_types = sql.SQL(
         "where %(doc_types)s::text[] is null or s.doc_type = any(%(doc_types)s::text[])"
@@ -277,9 +282,10 @@ def _stats_cte(req: SearchRequest) -> sql.Composed:
         """
 guard as materialized (select {guard} as ok),
 stats as (
-    select coalesce(jsonb_object_agg(s.doc_type, pgrag.doc_type_stats_where(
-               s.doc_type, %(filter_sql)s)), '{{}}'::jsonb) as stats
+    select coalesce(jsonb_object_agg(s.doc_type, l.stats), '{{}}'::jsonb) as stats,
+           coalesce(jsonb_object_agg(s.doc_type, l.cached), '{{}}'::jsonb) as stats_cached
     from pgrag.doc_stats s cross join guard
+    cross join lateral pgrag.doc_type_stats_lookup(s.doc_type, %(filter_sql)s) l
     {doc_types}),"""
     ).format(guard=guard, doc_types=doc_types)
 
@@ -306,7 +312,7 @@ hits as (
     from fused f
     join pgrag.chunks c on c.id = f.id
     left join pgrag.chunks p on p.id = c.parent_id)
-select h.*, {scan} as scan, st.stats
+select h.*, {scan} as scan, st.stats, st.stats_cached
 from stats st
 left join hits h on true
 order by h.score desc nulls last, h.id"""
@@ -534,6 +540,7 @@ def _result(
     return SearchResult(
         hits=hits,
         stats=rows[0].stats if rows else None,
+        stats_cached=rows[0].stats_cached if rows else None,
         scan=scan,
         timings=timings,
         cache_hit=None if qv is None else qv.cache_hit,

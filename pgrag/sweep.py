@@ -364,10 +364,11 @@ def _stages(
         "total": [],
     }
     stamp = time.time_ns()
+    cached: dict[str, list[bool]] = {"statement": [], "cached": [], "end to end": []}
 
-    def statement(conn: psycopg.Connection[Any], i: int) -> float:
+    def statement(conn: psycopg.Connection[Any], i: int, stage: str) -> float:
         t = time.perf_counter()
-        search(
+        res = search(
             conn,
             f"which chunks are about {qtexts[i]}?",
             vector=qvecs[i],
@@ -379,6 +380,7 @@ def _stages(
         )
         ms = (time.perf_counter() - t) * 1000
         conn.rollback()
+        cached[stage].append(bool(res.stats_cached and all(res.stats_cached.values())))
         return ms
 
     with psycopg.connect(url) as conn:
@@ -387,12 +389,12 @@ def _stages(
         # one committed call computes the filter's result, every later statement reuses it
         stats_cache.set_cached(conn, synthetic.DOC_TYPE, False)
         conn.commit()
-        per["statement"] = [statement(conn, i) for i in range(queries)]
+        per["statement"] = [statement(conn, i, "statement") for i in range(queries)]
         stats_cache.set_cached(conn, synthetic.DOC_TYPE, True)
         conn.commit()
         stats(conn, filter=flt, schema=synthetic.SCHEMA)
         conn.commit()
-        per["cached"] = [statement(conn, i) for i in range(queries)]
+        per["cached"] = [statement(conn, i, "cached") for i in range(queries)]
         for i in range(queries):
             # a word of its own keeps the query cache cold; numbers alone would match "topic N"
             question = f"which chunks are about {qtexts[i]}? (sweep{stamp}n{i})"
@@ -403,6 +405,7 @@ def _stages(
                 conn, question, vector=vec, filter=flt, k=k, stats=True, schema=synthetic.SCHEMA
             )
             conn.rollback()
+            cached["end to end"].append(bool(res.stats_cached and all(res.stats_cached.values())))
             s = (time.perf_counter() - t) * 1000 - e
             t2 = time.perf_counter()
             reranker.rerank(question, res.hits)
@@ -413,10 +416,30 @@ def _stages(
             per["total"].append((time.perf_counter() - t) * 1000)
         stats_cache.set_cached(conn, synthetic.DOC_TYPE, False)
         conn.commit()
+    _check_cache_hits(cached)
     return {
         stage: {"p50": _pct(v, 50), "p95": _pct(v, 95), "p99": _pct(v, 99)}
         for stage, v in per.items()
     }
+
+
+def _check_cache_hits(cached: Mapping[str, list[bool]]) -> None:
+    """The stages timed what they say: statistics computed every time, then every statement a
+    statistics cache hit (SearchResult.stats_cached); else the numbers would mix the two."""
+    wrong = []
+    if any(cached["statement"]):
+        wrong.append(f"{sum(cached['statement'])} statements with the cache off hit it")
+    for stage in ("cached", "end to end"):
+        missed = cached[stage].count(False)
+        if missed:
+            wrong.append(f"{missed} of {len(cached[stage])} {stage} statements missed")
+    if wrong:
+        raise RuntimeError(
+            "the statistics cache stages are not what they time ("
+            + "; ".join(wrong)
+            + "): another session wrote to the store during the benchmark; run it again on a "
+            "store nothing else writes to"
+        )
 
 
 # ---------------------------------------------------------------- stores

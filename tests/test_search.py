@@ -22,6 +22,7 @@ DIM = 384
 ROWS = 20_000
 FILTERS = {"100%": {"all": True}, "10%": {"p10": True}, "1%": {"p1": True}, "0.1%": {"p01": True}}
 SCHEMA = {"all": "boolean", "p10": "boolean", "p1": "boolean", "p01": "boolean", "topic": "integer"}
+SCAN = -3  # the statement's columns end with scan, stats, stats_cached
 
 
 def _mixture(rng: np.random.Generator, centers: Any, n: int) -> Any:
@@ -159,13 +160,13 @@ def test_an_index_scan_that_comes_back_short_falls_back_to_the_exact_scan(
             conn.execute(s.SETTINGS, req.params | {"max_scan_tuples": "50"})
             rows = conn.execute(s.build_statement(req), req.params).fetchall()
             conn.rollback()
-            assert [r[-2] for r in rows] == ["exact"] * 10
+            assert [r[SCAN] for r in rows] == ["exact"] * 10
             assert [r[0] for r in rows] == _exact(conn, q, {"p1": True})
             conn.execute("set local enable_bitmapscan = off")
             conn.execute(s.SETTINGS, req.params)  # enough tuples: the index finds them
             rows = conn.execute(s.build_statement(req), req.params).fetchall()
             conn.rollback()
-            assert len(rows) == 10 and rows[0][-2] == "index"
+            assert len(rows) == 10 and rows[0][SCAN] == "index"
 
 
 def test_chunks_without_a_vector_never_count_as_index_candidates(synthetic_url: str) -> None:
@@ -187,7 +188,7 @@ def test_chunks_without_a_vector_never_count_as_index_candidates(synthetic_url: 
         conn.execute(s.SETTINGS, req.params)
         rows = conn.execute(s.build_statement(req), req.params).fetchall()
         assert len(rows) == with_vector[0] and all(r[6] is not None for r in rows)
-        assert {r[-2] for r in rows} == {"exact"}
+        assert {r[SCAN] for r in rows} == {"exact"}
 
 
 def test_words_in_most_chunks_of_a_large_store_are_left_out_of_any_word_search(

@@ -7,6 +7,7 @@ a cached result stale (sql/idempotent/60_stats_cache.sql has the three condition
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -294,16 +295,44 @@ def test_pruning_moves_the_horizon_and_keeps_results_exact(shop_url: str) -> Non
 
 def test_search_reports_cached_statistics_equal_to_computed_ones(shop_url: str) -> None:
     with connect(shop_url) as client:
-        first = client.search("returned mouse", mode="text", filter=VIP, stats=True).stats
-        again = client.search("headphones", mode="text", filter=VIP, stats=True).stats
-        assert first == again
+        first = client.search("returned mouse", mode="text", filter=VIP, stats=True)
+        again = client.search("headphones", mode="text", filter=VIP, stats=True)
+        assert first.stats == again.stats
+        # each result says which types' statistics were cache hits
+        assert first.stats_cached == {"customer_profile": False, "order_detail": False}
+        assert again.stats_cached == {"customer_profile": True, "order_detail": True}
+        assert client.search("mouse", mode="text", filter=VIP).stats_cached is None
         with client.connection() as conn:
-            assert first == reference(conn, VIP)
+            assert first.stats == reference(conn, VIP)
         types = {t.doc_type: t for t in client.stats_cache()}
         assert types["customer_profile"].cached and types["customer_profile"].results == 1
         assert "shop.orders" in types["order_detail"].tables
         assert client.cache_stats("order_detail", False) == []
         assert not {t.doc_type: t for t in client.stats_cache()}["order_detail"].cached
+        off = client.search(
+            "mouse", mode="text", filter=VIP, stats=True, doc_types=["order_detail"]
+        )
+        assert off.stats_cached == {"order_detail": False}
+        with client.connection() as conn:
+            conn.execute("update shop.order_items set quantity = quantity + 1")
+        written = client.search("mouse", mode="text", filter=VIP, stats=True)
+        assert written.stats_cached == {"customer_profile": False, "order_detail": False}
+        with client.connection() as conn:
+            assert written.stats == reference(conn, VIP)
+
+
+def test_the_cli_says_which_statistics_were_cache_hits(shop_url: str) -> None:
+    env = {"PGRAG_DATABASE_URL": shop_url}
+    args = ("search", "mouse", "--mode", "text", "--stats", "--filter", '{"segment": "VIP"}')
+    first = run_pgrag(*args, env=env)
+    assert first.returncode == 0, first.stderr
+    assert "statistics computed: customer_profile, order_detail" in first.stdout
+    again = run_pgrag(*args, "--json", env=env)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["stats_cached"] == {
+        "customer_profile": True,
+        "order_detail": True,
+    }
 
 
 def test_the_cli_turns_the_cache_on_and_off(shop_url: str) -> None:

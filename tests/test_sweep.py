@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 import psycopg
+import pytest
 
 from pgrag import sweep, synthetic
 
@@ -61,6 +62,15 @@ def test_stage_breakdown_times_embed_search_and_rerank(db_url: str) -> None:
             "select cache_deps from pgrag.doc_stats where doc_type = 'synthetic'"
         ).fetchone()
     assert row == (None,)
+
+
+def test_a_stage_that_did_not_time_what_it_says_fails_the_benchmark() -> None:
+    # stage_breakdown passed above: its cached stages were all hits, its computed ones misses
+    sweep._check_cache_hits({"statement": [False], "cached": [True], "end to end": [True]})
+    with pytest.raises(RuntimeError, match="1 of 2 cached statements missed.*run it again"):
+        sweep._check_cache_hits(
+            {"statement": [False], "cached": [True, False], "end to end": [True]}
+        )
 
 
 def test_cli_bench_search_writes_into_the_output_directory(pg_server: Any, tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ begin
 end
 $$;
 drop trigger pgrag_stats_redeclared on pgrag.doc_stats;
+drop function pgrag.doc_type_stats_lookup(text, text);
 drop function pgrag.stats_redeclared();
 drop function pgrag.stats_changed();
 drop function pgrag.cache_stats(text, boolean);

@@ -526,9 +526,10 @@ $$;
 comment on function pgrag.prune_stats_changes() is
     'Drop stale cached statistics and the rows of pgrag.stats_changes none still needs';
 
--- Replaces 40_security.sql's version (the downgrade of 0008 re-applies that one): the cache.
-create or replace function pgrag.doc_type_stats_where(doc_type text, condition text)
-returns jsonb
+-- Added after 0008 was released (an idempotent file: every upgrade applies it; the downgrade
+-- of 0008 drops it). The search statement calls it to say which statistics were a cache hit.
+create or replace function pgrag.doc_type_stats_lookup(
+    doc_type text, condition text, out stats jsonb, out cached boolean)
 language plpgsql stable security invoker
 set search_path = pg_catalog, pg_temp
 as $$
@@ -537,53 +538,66 @@ as $$
 -- SQL expression with its values written as literals (the Python client's compiled filter):
 -- for a session that sees every tenant, the declared query runs over those chunks in one pass,
 -- or its cached result is returned when still exact (pgrag.cache_stats; the top of
--- 60_stats_cache.sql). Any other session (a reader) gets pgrag.reader_doc_type_stats over the
--- ids it may see, computed every time. It runs as the caller; through a cursor, which refuses
--- a string of several statements (pgrag.check_one_statement). The query and the snapshot it
--- reads are those of the calling statement (stable), so the result matches its search.
+-- 60_stats_cache.sql), with cached = true. Any other session (a reader) gets
+-- pgrag.reader_doc_type_stats over the ids it may see, computed every time. It runs as the
+-- caller; through a cursor, which refuses a string of several statements
+-- (pgrag.check_one_statement). The query and the snapshot it reads are those of the calling
+-- statement (stable), so the result matches its search.
 declare
     body text;
     deps regclass[];
     key bytea;
     state text;
     cur refcursor;
-    result jsonb;
 begin
+    cached := false;
     if not pgrag.sees_all_tenants() then
         open cur no scroll for execute format(
             'select pgrag.reader_doc_type_stats($1, array(select c.id from pgrag.chunks c '
             'where c.doc_type = $1 and (%s)))', condition)
             using doc_type;
-        fetch cur into result;
+        fetch cur into stats;
         close cur;
-        return result;
+        return;
     end if;
     select s.stats_sql, s.cache_deps into body, deps
       from pgrag.doc_stats s where s.doc_type = doc_type;
     if body is null then
-        return null;
+        return;
     end if;
     if deps is not null and pgrag.stats_cache_usable() then
         key := sha256(convert_to(condition || E'\x1e' || pgrag.stats_settings_key(), 'UTF8'));
         state := pgrag.stats_triggers_state(deps);  -- in this statement's snapshot
-        select c.stats into result from pgrag.stats_cache c
+        select c.stats into stats from pgrag.stats_cache c
          where c.doc_type = doc_type and c.role_name = current_user
            and c.condition_hash = key and pgrag.stats_cache_valid(c, deps, state);
         if found then
-            return result;
+            cached := true;
+            return;
         end if;
     end if;
     open cur no scroll for execute
         pgrag.stats_statement(body, format('c.doc_type = $1 and (%s)', condition))
         using doc_type;
-    fetch cur into result;
+    fetch cur into stats;
     close cur;
     if key is not null then
-        perform pgrag.stats_cache_put(doc_type, key, condition, result, pg_current_snapshot(),
+        perform pgrag.stats_cache_put(doc_type, key, condition, stats, pg_current_snapshot(),
                                       pg_current_xact_id_if_assigned(), state);
     end if;
-    return result;
 end
+$$;
+
+comment on function pgrag.doc_type_stats_lookup(text, text) is
+    'pgrag.doc_type_stats_where with whether the result came from the statistics cache';
+
+-- Replaces 40_security.sql's version (the downgrade of 0008 re-applies that one): the cache.
+create or replace function pgrag.doc_type_stats_where(doc_type text, condition text)
+returns jsonb
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+    select l.stats from pgrag.doc_type_stats_lookup(doc_type, condition) l
 $$;
 
 comment on function pgrag.doc_type_stats_where(text, text) is
