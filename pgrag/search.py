@@ -34,6 +34,7 @@ containment filter.
 from __future__ import annotations
 
 import contextlib
+import struct
 import threading
 import time
 from collections.abc import Collection, Mapping, Sequence
@@ -43,6 +44,8 @@ from typing import TYPE_CHECKING, Any, Literal, LiteralString
 import numpy as np
 import psycopg
 from psycopg import sql
+from psycopg.adapt import Dumper
+from psycopg.pq import Format
 from psycopg.rows import class_row
 
 from pgrag.errors import ConfigError, InvalidFilter, NotMigrated, from_database
@@ -79,7 +82,7 @@ DOC_TYPE = sql.Identifier(_C, "doc_type")
 
 # One statement before the search, in the same transaction and pipeline.
 SETTINGS: LiteralString = (
-    "select set_config('hnsw.iterative_scan', 'relaxed_order', true), "
+    "select set_config('hnsw.iterative_scan', %(iterative_scan)s, true), "
     "set_config('hnsw.ef_search', (case when %(ef_tuned)s "
     "and current_setting('pgrag.ef_search', true) ~ '^[0-9]{1,4}$' "
     "then greatest(%(ef_search)s::integer, "
@@ -87,6 +90,33 @@ SETTINGS: LiteralString = (
     "else %(ef_search)s::integer end)::text, true), "
     "set_config('hnsw.max_scan_tuples', %(max_scan_tuples)s, true)"
 )
+
+
+class VectorParam:
+    """A query vector as a statement parameter: sent in pgvector's binary form (no text to
+    format and parse: 0.2 ms less per search at 384 dimensions), typed by the statement's
+    ``::vector`` cast, so it needs no registered vector type."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray[Any, np.dtype[np.float32]]) -> None:
+        self.array = array
+
+
+class _VectorParamDumper(Dumper):
+    format = Format.BINARY
+    oid = 0  # unknown: the server types it from the cast (pgvector's own receive function)
+
+    def dump(self, obj: VectorParam) -> bytes:
+        return struct.pack(">HH", obj.array.size, 0) + obj.array.astype(">f4").tobytes()
+
+
+def _adapt_vector_param(adapters: psycopg.adapt.AdaptersMap) -> None:
+    adapters.register_dumper(VectorParam, _VectorParamDumper)
+
+
+_adapt_vector_param(psycopg.adapters)  # connections made from now on; search() adds it to
+# its cursor for connections made before pgrag was imported
 
 
 # ---------------------------------------------------------------- results
@@ -294,7 +324,7 @@ def build_statement(req: SearchRequest) -> sql.Composed:
     """The one search statement for ``req`` (no I/O). Parameters: ``req.params``."""
     parts: list[sql.Composable] = [sql.SQL("with")]
     if req.mode != "text":
-        parts.append(sql.SQL("\nq as materialized (select %(qvec)s::text::vector as v),"))
+        parts.append(sql.SQL("\nq as materialized (select %(qvec)s::vector as v),"))
         parts.append(_vector_ctes(req.where, req.has_filter))
     if req.mode != "vector":
         parts.append(_text_ctes(req.where))
@@ -389,8 +419,7 @@ def make_request(
                 "embedder, or search with mode='text'"
             )
         arr = check_query_vector(vector)
-        # pgvector's text form: a list of floats is dumped element by element, 10x slower
-        params["qvec"] = "[" + ",".join(map(repr, arr.tolist())) + "]"
+        params["qvec"] = VectorParam(arr)
         params["dim"] = int(arr.size)
     if mode != "vector" and not (text and text.strip()):
         raise ConfigError(f"a {mode} search needs a search text: pass the question")
@@ -411,6 +440,9 @@ def make_request(
         )
         has_filter = True
     params.update(compiled.params)
+    # every row passes no filter: the plain scan returns the same rows as the iterative one
+    # (the same first walk, ef_search >= kc), without keeping the discarded candidates (~4%)
+    params["iterative_scan"] = "relaxed_order" if has_filter else "off"
     # the filter as SQL text with literal values, for the planner's estimate and the statistics
     # (pgrag.estimate_rows, pgrag.doc_type_stats_where): values quoted by psycopg
     params["filter_sql"] = inline_params(where, params, context)
@@ -651,6 +683,7 @@ def search(
             conn.pipeline(),
             conn.cursor(row_factory=class_row(_Row)) as cur,
         ):
+            _adapt_vector_param(cur.adapters)
             if req.mode != "text":
                 conn.execute(SETTINGS, req.params)
             # never prepared: a generic plan cannot use a filter index (a partial index) and
@@ -821,6 +854,7 @@ async def asearch(
             conn.pipeline(),
             conn.cursor(row_factory=class_row(_Row)) as cur,
         ):
+            _adapt_vector_param(cur.adapters)
             if req.mode != "text":
                 await conn.execute(SETTINGS, req.params)
             await cur.execute(statement, req.params, prepare=False)  # as in search()

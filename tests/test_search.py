@@ -146,6 +146,27 @@ def test_a_filter_the_planner_expects_to_be_large_is_not_counted(synthetic_url: 
             conn.execute("select pgrag.estimate_rows('true; select 1')")
 
 
+def test_the_iterative_scan_runs_only_behind_a_filter(synthetic_url: str) -> None:
+    """Without a filter every row passes: the plain scan finds the same rows, cheaper (the
+    iterative scan keeps every discarded candidate); a filter gets pgvector's iterative scan."""
+    q = _queries(1)[0]
+    with psycopg.connect(synthetic_url) as conn:
+        found = {}
+        for flt, expected in (({}, "off"), ({"p10": True}, "relaxed_order")):
+            req = _vector_request(q, flt, ef_search=100)
+            conn.execute(s.SETTINGS, req.params)
+            assert conn.execute("show hnsw.iterative_scan").fetchone() == (expected,)
+            found[expected] = [r[0] for r in conn.execute(s.build_statement(req), req.params)]
+            conn.rollback()
+        conn.execute("set local hnsw.ef_search = 100")
+        conn.execute("set local hnsw.iterative_scan = relaxed_order")
+        plain = conn.execute(
+            "select id from pgrag.chunks order by embedding <=> %s::vector limit 10",
+            (s.VectorParam(q),),
+        ).fetchall()
+        assert found["off"] == [r[0] for r in plain]
+
+
 def test_an_index_scan_that_comes_back_short_falls_back_to_the_exact_scan(
     synthetic_url: str,
 ) -> None:
