@@ -90,6 +90,9 @@ def server_start() -> None:
     url = s.start()
     click.echo(f"embedded PostgreSQL running in {s.data_dir}")
     click.echo(url)
+    hint = s.huge_pages_hint(url)
+    if hint:
+        click.echo(f"note: {hint}", err=True)
 
 
 @server.command("stop")

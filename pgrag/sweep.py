@@ -62,7 +62,8 @@ _MEMORY: LiteralString = (
     "select current_setting('shared_buffers'), "
     "pg_size_pretty(pg_relation_size('pgrag.chunks_embedding_hnsw')), "
     "pg_size_pretty(pg_relation_size('pgrag.chunks')), "
-    "coalesce(nullif(current_setting('pgrag.ef_search', true), ''), 'unset')"
+    "coalesce(nullif(current_setting('pgrag.ef_search', true), ''), 'unset'), "
+    "coalesce(current_setting('huge_pages_status', true), 'unknown')"
 )
 # every HNSW index of the chunks (the store's and any filter index), then the table
 _PREWARM: LiteralString = (
@@ -235,7 +236,8 @@ def prewarm(conn: psycopg.Connection[Any]) -> str:
     row = conn.execute(_MEMORY).fetchone()
     assert row is not None
     facts = (
-        f"shared_buffers {row[0]}, HNSW index {row[1]}, chunks table {row[2]}; "
+        f"shared_buffers {row[0]} (huge pages {row[4]}), HNSW index {row[1]}, "
+        f"chunks table {row[2]}; "
         f"stored pgrag.ef_search {row[3]}"
     )
     try:
