@@ -61,8 +61,8 @@ class AskResult:
     scan: str
     timings: dict[str, float]  # ms: parse, embed, search, rerank, generate, total
     cache_hit: bool | None  # the question's vector came from the query cache
-    stats_cached: dict[str, bool] | None  # per type: statistics from the statistics cache
     notes: tuple[str, ...]
+    stats_cached: dict[str, bool] | None = None  # per type: statistics from the stats cache
 
 
 _catalog: dict[tuple[str, ...], tuple[float, list[str], dict[str, dict[str, str]]]] = {}

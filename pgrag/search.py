@@ -82,7 +82,7 @@ DOC_TYPE = sql.Identifier(_C, "doc_type")
 
 # One statement before the search, in the same transaction and pipeline.
 SETTINGS: LiteralString = (
-    "select set_config('hnsw.iterative_scan', %(iterative_scan)s, true), "
+    "select set_config('hnsw.iterative_scan', 'relaxed_order', true), "
     "set_config('hnsw.ef_search', (case when %(ef_tuned)s "
     "and current_setting('pgrag.ef_search', true) ~ '^[0-9]{1,4}$' "
     "then greatest(%(ef_search)s::integer, "
@@ -111,8 +111,19 @@ class _VectorParamDumper(Dumper):
         return struct.pack(">HH", obj.array.size, 0) + obj.array.astype(">f4").tobytes()
 
 
+class _VectorParamTextDumper(Dumper):
+    """pgvector's text form, for cursors that write values into the SQL (ClientCursor)."""
+
+    oid = 0
+
+    def dump(self, obj: VectorParam) -> bytes:
+        # repr of each float32 widened to float64: exact, so both forms give the same vector
+        return ("[" + ",".join(map(repr, obj.array.tolist())) + "]").encode()
+
+
 def _adapt_vector_param(adapters: psycopg.adapt.AdaptersMap) -> None:
-    adapters.register_dumper(VectorParam, _VectorParamDumper)
+    adapters.register_dumper(VectorParam, _VectorParamTextDumper)
+    adapters.register_dumper(VectorParam, _VectorParamDumper)  # the last one: %s sends binary
 
 
 _adapt_vector_param(psycopg.adapters)  # connections made from now on; search() adds it to
@@ -145,14 +156,14 @@ class SearchHit:
 class SearchResult:
     hits: tuple[SearchHit, ...]
     stats: dict[str, Any] | None  # {doc_type: {...}} when asked for
-    # {doc_type: True} when that type's statistics came from the statistics cache (pgrag
-    # stats-cache), False when computed by this search; None without stats
-    stats_cached: dict[str, bool] | None
     scan: str  # "exact", "index" (HNSW), or "text" (no vector search)
     timings: dict[str, float]  # milliseconds: embed_ms, search_ms, total_ms
     cache_hit: bool | None  # the query vector came from the query cache (None: no embedding)
     cache_source: str | None  # "memory", "database" or "model"
     model: str | None  # the embedding model of the query vector
+    # {doc_type: True} when that type's statistics came from the statistics cache (pgrag
+    # stats-cache), False when computed by this search; None without stats
+    stats_cached: dict[str, bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -440,9 +451,6 @@ def make_request(
         )
         has_filter = True
     params.update(compiled.params)
-    # every row passes no filter: the plain scan returns the same rows as the iterative one
-    # (the same first walk, ef_search >= kc), without keeping the discarded candidates (~4%)
-    params["iterative_scan"] = "relaxed_order" if has_filter else "off"
     # the filter as SQL text with literal values, for the planner's estimate and the statistics
     # (pgrag.estimate_rows, pgrag.doc_type_stats_where): values quoted by psycopg
     params["filter_sql"] = inline_params(where, params, context)

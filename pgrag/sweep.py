@@ -418,30 +418,20 @@ def _stages(
             per["total"].append((time.perf_counter() - t) * 1000)
         stats_cache.set_cached(conn, synthetic.DOC_TYPE, False)
         conn.commit()
-    _check_cache_hits(cached)
-    return {
+    times = {
         stage: {"p50": _pct(v, 50), "p95": _pct(v, 95), "p99": _pct(v, 99)}
         for stage, v in per.items()
     }
+    return times | {"hits": _cache_hits(cached)}
 
 
-def _check_cache_hits(cached: Mapping[str, list[bool]]) -> None:
-    """The stages timed what they say: statistics computed every time, then every statement a
-    statistics cache hit (SearchResult.stats_cached); else the numbers would mix the two."""
-    wrong = []
-    if any(cached["statement"]):
-        wrong.append(f"{sum(cached['statement'])} statements with the cache off hit it")
-    for stage in ("cached", "end to end"):
-        missed = cached[stage].count(False)
-        if missed:
-            wrong.append(f"{missed} of {len(cached[stage])} {stage} statements missed")
-    if wrong:
-        raise RuntimeError(
-            "the statistics cache stages are not what they time ("
-            + "; ".join(wrong)
-            + "): another session wrote to the store during the benchmark; run it again on a "
-            "store nothing else writes to"
-        )
+def _cache_hits(cached: Mapping[str, list[bool]]) -> dict[str, float]:
+    """How many statements of each stage were statistics-cache hits (SearchResult.stats_cached):
+    none with the cache off, every one after (a write by another session, or a session where
+    the cache is unusable, would make some recompute, and the report shows it)."""
+    return {stage: float(sum(hits)) for stage, hits in cached.items()} | {
+        "of": float(len(cached["cached"]))
+    }
 
 
 # ---------------------------------------------------------------- stores
@@ -527,19 +517,25 @@ def markdown(reports: Sequence[SizeReport], command: str, stem: str = "search-sw
                 "with the statistics cache on (`pgrag stats-cache on`), after one call computed "
                 "the filter's result; then end to end with the cache on, with "
                 f"{rep.embedder}, the query cache cold: embed, the same statement (`search`), "
-                "rerank, total. Milliseconds.",
+                "rerank, total. Milliseconds. `hits`: how many statements found their "
+                "statistics in the cache (`SearchResult.stats_cached`), with it off, on, end to "
+                "end.",
                 "",
                 "| filter | statement p50 | statement p95 | cached p50 | cached p95 | embed p50 "
-                "| embed p95 | search p95 | total p50 | total p95 | total p99 |",
-                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+                "| embed p95 | search p95 | total p50 | total p95 | total p99 | hits |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
             ]
             for label, st in rep.stages.items():
+                h = st.get("hits", {})
+                hit_stages = ("statement", "cached", "end to end")
+                hits = "/".join(str(int(h[stage])) for stage in hit_stages if stage in h)
+                hits += f" of {int(h['of'])}" if "of" in h else ""
                 out.append(
                     f"| {label} | {st['statement']['p50']:.2f} | {st['statement']['p95']:.2f} "
                     f"| {st['cached']['p50']:.2f} | {st['cached']['p95']:.2f} "
                     f"| {st['embed']['p50']:.2f} | {st['embed']['p95']:.2f} "
                     f"| {st['search']['p95']:.2f} | {st['total']['p50']:.2f} "
-                    f"| {st['total']['p95']:.2f} | {st['total']['p99']:.2f} |"
+                    f"| {st['total']['p95']:.2f} | {st['total']['p99']:.2f} | {hits} |"
                 )
         out.append("")
     return "\n".join(out)

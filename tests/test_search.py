@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -146,25 +148,33 @@ def test_a_filter_the_planner_expects_to_be_large_is_not_counted(synthetic_url: 
             conn.execute("select pgrag.estimate_rows('true; select 1')")
 
 
-def test_the_iterative_scan_runs_only_behind_a_filter(synthetic_url: str) -> None:
-    """Without a filter every row passes: the plain scan finds the same rows, cheaper (the
-    iterative scan keeps every discarded candidate); a filter gets pgvector's iterative scan."""
+def test_the_query_vector_reaches_any_cursor_and_connection(synthetic_url: str) -> None:
+    """Binary through ordinary cursors, text through ClientCursor (which writes values into
+    the SQL, as behind PgBouncer), and on a connection whose adapters were copied before pgrag
+    was imported (search registers the dumper on its cursor)."""
     q = _queries(1)[0]
     with psycopg.connect(synthetic_url) as conn:
-        found = {}
-        for flt, expected in (({}, "off"), ({"p10": True}, "relaxed_order")):
-            req = _vector_request(q, flt, ef_search=100)
-            conn.execute(s.SETTINGS, req.params)
-            assert conn.execute("show hnsw.iterative_scan").fetchone() == (expected,)
-            found[expected] = [r[0] for r in conn.execute(s.build_statement(req), req.params)]
-            conn.rollback()
-        conn.execute("set local hnsw.ef_search = 100")
-        conn.execute("set local hnsw.iterative_scan = relaxed_order")
-        plain = conn.execute(
-            "select id from pgrag.chunks order by embedding <=> %s::vector limit 10",
-            (s.VectorParam(q),),
-        ).fetchall()
-        assert found["off"] == [r[0] for r in plain]
+        expected = [h.id for h in s.search(conn, vector=q, mode="vector", k=5).hits]
+    assert len(expected) == 5
+    with psycopg.connect(synthetic_url, cursor_factory=psycopg.ClientCursor) as conn:
+        assert [h.id for h in s.search(conn, vector=q, mode="vector", k=5).hits] == expected
+    code = (
+        "import json, sys, psycopg\n"
+        "from pgvector.psycopg import register_vector\n"
+        "conn = psycopg.connect(sys.argv[1])  # before pgrag is imported\n"
+        "register_vector(conn)  # its own dumpers: no longer sees later global ones\n"
+        "from pgrag import search as s\n"
+        "hits = s.search(conn, vector=json.loads(sys.argv[2]), mode='vector', k=5).hits\n"
+        "print(json.dumps([h.id for h in hits]))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, synthetic_url, json.dumps(q.tolist())],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == expected
 
 
 def test_an_index_scan_that_comes_back_short_falls_back_to_the_exact_scan(

@@ -349,7 +349,10 @@ def test_the_cli_turns_the_cache_on_and_off(shop_url: str) -> None:
     assert "Traceback" not in bad.stderr
 
 
-def test_downgrade_of_0008_restores_0007_exactly(empty_db_url: str) -> None:
+@pytest.mark.parametrize("first_release", [False, True])
+def test_downgrade_of_0008_restores_0007_exactly(empty_db_url: str, first_release: bool) -> None:
+    """Also from a database the first release of 0008 migrated, which lacks the functions
+    added to 60_stats_cache.sql since (pgrag.doc_type_stats_lookup)."""
     from .test_migrations import schema_dump
 
     migrate.upgrade(empty_db_url, "0007")
@@ -360,6 +363,9 @@ def test_downgrade_of_0008_restores_0007_exactly(empty_db_url: str) -> None:
         assert stats_cache.set_cached(conn, "synthetic") == ["pgrag.chunks", "pgrag.doc_stats"]
         s.stats(conn, filter={}, schema=synthetic.SCHEMA)
     assert "pgrag_stats_changed" in schema_dump(empty_db_url)
+    if first_release:
+        with psycopg.connect(empty_db_url) as conn:
+            conn.execute("drop function pgrag.doc_type_stats_lookup(text, text)")
     migrate.downgrade(empty_db_url, "0007")
     with psycopg.connect(empty_db_url) as conn:  # the statistics work as in 0007
         assert s.stats(conn, filter={}, schema=synthetic.SCHEMA) == {

@@ -7,7 +7,6 @@ from typing import Any
 
 import numpy as np
 import psycopg
-import pytest
 
 from pgrag import sweep, synthetic
 
@@ -53,7 +52,9 @@ def test_stage_breakdown_times_embed_search_and_rerank(db_url: str) -> None:
     name, by_filter = sweep.stage_breakdown(db_url, queries=3, k=5, filters={"10%": {"p10": True}})
     assert "pass-through" in name and set(by_filter) == {"10%"}
     stages = by_filter["10%"]
-    assert set(stages) == {"statement", "cached", "embed", "search", "rerank", "total"}
+    assert set(stages) == {"statement", "cached", "embed", "search", "rerank", "total", "hits"}
+    # statistics computed with the cache off, found in it on, end to end too
+    assert stages["hits"] == {"statement": 0, "cached": 3, "end to end": 3, "of": 3}
     assert stages["embed"]["p50"] > 0 and stages["total"]["p95"] >= stages["search"]["p50"]
     assert stages["statement"]["p50"] > 0 and stages["cached"]["p50"] > 0
     # the statistics cache is off again afterwards, and held one result while on
@@ -62,15 +63,6 @@ def test_stage_breakdown_times_embed_search_and_rerank(db_url: str) -> None:
             "select cache_deps from pgrag.doc_stats where doc_type = 'synthetic'"
         ).fetchone()
     assert row == (None,)
-
-
-def test_a_stage_that_did_not_time_what_it_says_fails_the_benchmark() -> None:
-    # stage_breakdown passed above: its cached stages were all hits, its computed ones misses
-    sweep._check_cache_hits({"statement": [False], "cached": [True], "end to end": [True]})
-    with pytest.raises(RuntimeError, match="1 of 2 cached statements missed.*run it again"):
-        sweep._check_cache_hits(
-            {"statement": [False], "cached": [True, False], "end to end": [True]}
-        )
 
 
 def test_cli_bench_search_writes_into_the_output_directory(pg_server: Any, tmp_path: Path) -> None:

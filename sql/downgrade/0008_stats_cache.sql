@@ -12,7 +12,9 @@ begin
 end
 $$;
 drop trigger pgrag_stats_redeclared on pgrag.doc_stats;
-drop function pgrag.doc_type_stats_lookup(text, text);
+-- if exists: added to 60_stats_cache.sql after 0008 was released; a database migrated by that
+-- release has it only after an upgrade refreshed the functions
+drop function if exists pgrag.doc_type_stats_lookup(text, text);
 drop function pgrag.stats_redeclared();
 drop function pgrag.stats_changed();
 drop function pgrag.cache_stats(text, boolean);

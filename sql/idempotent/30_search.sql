@@ -395,9 +395,6 @@ begin
                                 end)::text, true);
     perform set_config('hnsw.max_scan_tuples',
                        greatest(20000, 200 * kc)::text, true);
-    if not has_filter then  -- every row passes: the plain scan finds the same rows, faster
-        perform set_config('hnsw.iterative_scan', 'off', true);
-    end if;
     stmt := 'with ';
     if mode <> 'text' then
         if has_filter then
