@@ -87,7 +87,7 @@ def bench_search(
     their HNSW index takes tens of minutes on 2 cores; the sweep itself, minutes.
     """
     from pgrag.cli_common import rebuild_progress
-    from pgrag.sweep import run
+    from pgrag.sweep import cache_warnings, run
 
     command = "pgrag bench search " + " ".join(f"--rows {n}" for n in sizes)
     out_name = "search-sweep.md"
@@ -119,5 +119,7 @@ def bench_search(
         ours = [r for r in rep.results if r.engine == "pgrag"]
         summary = ", ".join(f"{r.selectivity} {r.recall:.3f} / {r.p95_ms:.1f} ms" for r in ours)
         click.echo(f"{rep.rows:,} chunks, pgrag recall / p95: {summary}")
+        for warning in cache_warnings(rep):
+            click.echo(f"warning: {warning}", err=True)
     md, img = out_dir / out_name, out_dir / "img"
     click.echo(f"wrote {md} and {len(reports)} plot(s) in {img}")

@@ -330,11 +330,11 @@ def tune(
     """Size HNSW ef_search to this store: the smallest value reaching the recall target.
 
     Computes the exact top-k of each query vector (index disabled), then walks ef_search
-    40, 50, 60, ... 1000 (steps of about 10%) through the index until the mean recall@k reaches
-    --target, and stores
-    it as the database default (ALTER DATABASE ... SET pgrag.ef_search), which every search
-    without an explicit ef_search uses from its next connection on. Exact search reads every
-    vector: at 1,000,000 chunks allow a few seconds per query.
+    40, 50, 60, ... 1000 (steps of 10 up to 150, then about 10% to 300) through the index until
+    the mean recall@k reaches --target, and stores it as the database default (ALTER DATABASE
+    ... SET pgrag.ef_search), which every search without an explicit ef_search uses from its
+    next connection on. Exact search reads every vector: at 1,000,000 chunks allow a few
+    seconds per query.
     """
     from pgrag.cli_common import rebuild_progress
     from pgrag.db import connect

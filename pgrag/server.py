@@ -194,7 +194,7 @@ class EmbeddedServer:
 
         With shared_buffers in 4 kB pages, every HNSW hop into a large index misses the TLB:
         measured at 1,000,000 chunks (a 2 GB index, 6 GB shared_buffers), huge pages made the
-        graph walk 30% faster and the whole search 20% (docs/search.md, "Huge pages")."""
+        graph walk 30% faster and whole searches 15-20% (docs/search.md, "Huge pages")."""
         try:
             with psycopg.connect(url, autocommit=True) as conn:
                 row = conn.execute(_HUGE_PAGES).fetchone()
@@ -207,7 +207,7 @@ class EmbeddedServer:
         if row[1] < _HUGE_PAGES_FROM_MB:
             return None
         return (
-            "huge pages are off: HNSW search over a large index is 20-30% faster with them "
+            "huge pages are off: HNSW search over a large index was 15-30% faster with them "
             f"(docs/search.md, 'Huge pages'); as root, `sysctl -w vm.nr_hugepages={row[2]}` (at "
             "least this server's shared_memory_size_in_huge_pages), then `pgrag server stop` "
             "and `pgrag server start`"

@@ -100,7 +100,8 @@ class SizeReport:
     queries: int
     k: int
     results: tuple[Row, ...]
-    # filter -> stage -> percentile (stage_breakdown), one entry per selectivity
+    # filter -> stage -> percentile (stage_breakdown), one entry per selectivity; its "hits"
+    # stage holds statistics-cache hits per stage and "of" (the statements per stage)
     stages: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     embedder: str = ""
     memory: str = ""  # shared_buffers, index and table sizes, whether they were prewarmed
@@ -432,6 +433,22 @@ def _cache_hits(cached: Mapping[str, list[bool]]) -> dict[str, float]:
     return {stage: float(sum(hits)) for stage, hits in cached.items()} | {
         "of": float(len(cached["cached"]))
     }
+
+
+def cache_warnings(rep: SizeReport) -> list[str]:
+    """One line per filter whose cached or end-to-end stage had statements that recomputed
+    their statistics: their timings mix computed and cached statistics."""
+    out = []
+    for label, st in rep.stages.items():
+        h = st.get("hits", {})
+        missed = [s for s in ("cached", "end to end") if h.get(s, 0) < h.get("of", 0)]
+        if missed:
+            out.append(
+                f"{rep.rows:,} chunks, {label}: some {' and '.join(missed)} statements "
+                "recomputed their statistics (another session wrote to the store, or the "
+                "statistics cache is unusable there): those timings mix both; see the hits column"
+            )
+    return out
 
 
 # ---------------------------------------------------------------- stores

@@ -28,8 +28,9 @@ from psycopg import sql
 
 from pgrag.errors import ConfigError, PgragError
 
-# Steps of about 10% up to 300 (the walk's cost grows with ef_search: a coarser step stores up
-# to 25% more than the target needs; at 1,000,000 chunks tune went from 120, short, to 150)
+# Steps of 10 up to 150, then about 10% to 300 (the walk's cost grows with ef_search: a coarser
+# step stores up to 25% more than the target needs; at 1,000,000 chunks tune went from 120,
+# short, to 150)
 _FINE = tuple(range(40, 160, 10))  # 40, 50, ... 150
 LADDER: tuple[int, ...] = (*_FINE, 170, 190, 210, 240, 270, 300, 350, 400, 500, 600, 800, 1000)
 SETTING = "pgrag.ef_search"

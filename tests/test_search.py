@@ -148,6 +148,27 @@ def test_a_filter_the_planner_expects_to_be_large_is_not_counted(synthetic_url: 
             conn.execute("select pgrag.estimate_rows('true; select 1')")
 
 
+def test_every_vector_search_walks_the_graph_iteratively(synthetic_url: str) -> None:
+    """Even without a filter: under row-level security a reader's search still filters, and a
+    plain scan stops at ef_search rows (a tenant with 10% of the chunks got 4 of 10)."""
+    q = _queries(1)[0]
+    with psycopg.connect(synthetic_url) as conn:
+        for flt in ({}, {"p10": True}):
+            req = _vector_request(q, flt)
+            conn.execute(s.SETTINGS, req.params)
+            assert conn.execute("show hnsw.iterative_scan").fetchone() == ("relaxed_order",)
+            conn.rollback()
+        # the SQL functions too (their SET clause)
+        row = conn.execute(
+            "select proconfig from pg_proc where oid = 'pgrag.run_search'::regproc"
+        ).fetchone()
+        assert row is not None and "hnsw.iterative_scan=relaxed_order" in row[0]
+        src = conn.execute(
+            "select prosrc from pg_proc where oid = 'pgrag.run_search'::regproc"
+        ).fetchone()
+        assert src is not None and "iterative_scan" not in src[0]
+
+
 def test_the_query_vector_reaches_any_cursor_and_connection(synthetic_url: str) -> None:
     """Binary through ordinary cursors, text through ClientCursor (which writes values into
     the SQL, as behind PgBouncer), and on a connection whose adapters were copied before pgrag

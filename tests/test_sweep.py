@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,18 @@ def test_stage_breakdown_times_embed_search_and_rerank(db_url: str) -> None:
             "select cache_deps from pgrag.doc_stats where doc_type = 'synthetic'"
         ).fetchone()
     assert row == (None,)
+
+
+def test_a_stage_that_recomputed_is_reported() -> None:
+    hits = {"statement": 0.0, "cached": 50.0, "end to end": 49.0, "of": 50.0}
+    stage = {"p50": 1.0, "p95": 1.0, "p99": 1.0}
+    rep = sweep.SizeReport(
+        rows=1000, queries=50, k=10, results=(), stages={"10%": {"cached": stage, "hits": hits}}
+    )
+    (line,) = sweep.cache_warnings(rep)
+    assert "10%: some end to end statements recomputed" in line
+    full = dict(hits, **{"end to end": 50.0})
+    assert sweep.cache_warnings(dataclasses.replace(rep, stages={"10%": {"hits": full}})) == []
 
 
 def test_cli_bench_search_writes_into_the_output_directory(pg_server: Any, tmp_path: Path) -> None:
