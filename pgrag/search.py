@@ -203,15 +203,28 @@ class SearchRequest:
 
 def _vector_ctes(where: sql.Composable, has_filter: bool) -> sql.Composed:
     if not has_filter:
+        # No filter, but row-level security may still filter (a reader sees its tenant's
+        # chunks): when the iterative scan stops short (hnsw.max_scan_tuples) before kc rows,
+        # every visible vector is compared, as behind a filter. Otherwise it costs nothing.
         return sql.SQL(
             """
-path as (select 'index'::text as scan),
+vec_index as materialized (
+    select c.id, c.embedding <=> (select v from q) as distance
+    from pgrag.chunks c
+    order by c.embedding <=> (select v from q)
+    limit %(kc)s),
+path as materialized (
+    select case when (select count(*) from vec_index) >= %(kc)s then 'index'
+                else 'exact' end as scan),
 vec as (
     select u.id, u.distance, row_number() over (order by u.distance, u.id)::integer as rank
-    from (select c.id, c.embedding <=> (select v from q) as distance
-          from pgrag.chunks c
-          order by c.embedding <=> (select v from q)
-          limit %(kc)s) u),"""
+    from (select * from vec_index where (select scan from path) = 'index'
+          union all
+          (select c.id, c.embedding <=> (select v from q) as distance
+           from pgrag.chunks c
+           where c.embedding is not null and (select scan from path) = 'exact'
+           order by (c.embedding <=> (select v from q)) + 0, c.id
+           limit %(kc)s)) u),"""
         ).format()
     return sql.SQL(
         """

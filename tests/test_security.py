@@ -126,7 +126,7 @@ def crm(pg_server: TestServer, template_db: str) -> Iterator[Crm]:
         phones=tuple(a[4] for a in accounts if a[4]),
         names={a[2]: a[1] for a in accounts},
         tenant_of={int(r[0]): r[1] for r in rows},
-        vectors={int(r[0]): np.asarray(r[2]) for r in rows},
+        vectors={int(r[0]): np.asarray(r[2].to_numpy()) for r in rows},
         model=embedder.name,
     )
     drop_database(pg_server, name)
@@ -192,6 +192,40 @@ def test_the_reader_may_search_read_stats_and_context(crm: Crm) -> None:
         row = conn.execute("select pgrag.stats()").fetchone()
         assert row is not None and set(row[0]) == {"crm_account", "crm_ticket"}
         assert conn.execute("select count(*) from pgrag.context(%s)", (ids[0],)).fetchone()
+
+
+# on 122 chunks the planner would rather read the tenant's rows and sort them
+HNSW_ONLY = (
+    "set local enable_seqscan = off; set local enable_bitmapscan = off; set local enable_sort = off"
+)
+
+
+def test_a_reader_gets_k_rows_when_the_index_stops_short(crm: Crm) -> None:
+    """No filter, but row-level security filters: when the iterative scan stops at
+    hnsw.max_scan_tuples before k of the tenant's rows pass (a small tenant in a large store),
+    the search compares every vector the reader sees, and returns the exact top k."""
+    q = crm.vectors[min(crm.vectors)]
+    seen = [i for i in crm.vectors if _visible(crm, "acme", i)]
+    exact = sorted(seen, key=lambda i: (1 - float(np.dot(q, crm.vectors[i])), i))[:10]
+    req = s.make_request(
+        mode="vector", text=None, vector=q, model=crm.model, filter=None, schema=None,
+        doc_types=None, k=10, stats=False, match="any", candidates=None, ef_search=None,
+        exact_threshold=s.EXACT_THRESHOLD, rrf_k=s.RRF_K, fts_limit=s.FTS_LIMIT,
+    )  # fmt: skip
+    with psycopg.connect(as_role(crm.url, READER)) as conn:
+        conn.execute("select set_config('pgrag.tenant', 'acme', false)")
+        conn.execute(HNSW_ONLY)  # the HNSW index, as in a large store
+        # a first walk of 20 candidates (about 8 the reader may see), then at most 3 more
+        short = {"ef_search": 20, "ef_tuned": False, "max_scan_tuples": "3"}
+        conn.execute(s.SETTINGS, req.params | short)
+        rows = conn.execute(s.build_statement(req), req.params).fetchall()
+    assert [r[0] for r in rows] == exact and {r[-3] for r in rows} == {"exact"}
+    with psycopg.connect(as_role(crm.url, READER)) as conn:  # enough tuples: the index
+        conn.execute("select set_config('pgrag.tenant', 'acme', false)")
+        conn.execute(HNSW_ONLY)
+        conn.execute(s.SETTINGS, req.params)
+        rows = conn.execute(s.build_statement(req), req.params).fetchall()
+    assert len(rows) == 10 and {r[-3] for r in rows} == {"index"}
 
 
 def test_common_words_are_read_for_the_writer_and_not_for_a_reader(crm: Crm) -> None:

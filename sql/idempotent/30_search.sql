@@ -437,16 +437,26 @@ vec as (
           select * from vec_index where (select scan from path) = 'index') u),
 $f$, where_sql, op, estimate_sql);
         else
+            -- row-level security may still filter: an index scan that stops short before kc
+            -- rows falls back to comparing every visible vector (as the Python client)
             stmt := stmt || format($f$
-path as (select 'index'::text as scan),
 vec_index as materialized (
     select c.id, c.embedding %1$s $3 as distance
     from pgrag.chunks c
     order by c.embedding %1$s $3
     limit $8),
+path as materialized (
+    select case when (select count(*) from vec_index) >= $8 then 'index'
+                else 'exact' end as scan),
 vec as (
     select u.id, u.distance, row_number() over (order by u.distance, u.id)::integer as rank
-    from vec_index u),
+    from (select * from vec_index where (select scan from path) = 'index'
+          union all
+          (select c.id, c.embedding %1$s $3 as distance
+           from pgrag.chunks c
+           where c.embedding is not null and (select scan from path) = 'exact'
+           order by (c.embedding %1$s $3) + 0, c.id
+           limit $8)) u),
 $f$, op);
         end if;
     end if;
