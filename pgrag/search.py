@@ -202,34 +202,17 @@ class SearchRequest:
 
 
 def _vector_ctes(where: sql.Composable, has_filter: bool) -> sql.Composed:
-    if not has_filter:
-        # No filter, but row-level security may still filter (a reader sees its tenant's
-        # chunks): when the iterative scan stops short (hnsw.max_scan_tuples) before kc rows,
-        # every visible vector is compared, as behind a filter. Otherwise it costs nothing.
-        return sql.SQL(
-            """
-vec_index as materialized (
-    select c.id, c.embedding <=> (select v from q) as distance
-    from pgrag.chunks c
-    order by c.embedding <=> (select v from q)
-    limit %(kc)s),
-path as materialized (
-    select case when (select count(*) from vec_index) >= %(kc)s then 'index'
-                else 'exact' end as scan),
-vec as (
-    select u.id, u.distance, row_number() over (order by u.distance, u.id)::integer as rank
-    from (select * from vec_index where (select scan from path) = 'index'
-          union all
-          (select c.id, c.embedding <=> (select v from q) as distance
-           from pgrag.chunks c
-           where c.embedding is not null and (select scan from path) = 'exact'
-           order by (c.embedding <=> (select v from q)) + 0, c.id
-           limit %(kc)s)) u),"""
-        ).format()
+    # Without a filter the count is skipped and the index runs at once; it may still come
+    # back short (row-level security filters a reader's search: a small tenant in a large
+    # store), and then every visible vector is compared, as behind a filter.
+    skip = (
+        sql.SQL("pgrag.estimate_rows(%(filter_sql)s) >= %(count_skip_rows)s")
+        if has_filter
+        else sql.SQL("true")
+    )
     return sql.SQL(
         """
-est as materialized (
-    select pgrag.estimate_rows(%(filter_sql)s) >= %(count_skip_rows)s as skip),
+est as materialized (select {skip} as skip),
 matched as materialized (
     select c.id, c.embedding <=> (select v from q) as distance
     from pgrag.chunks c
@@ -266,7 +249,7 @@ vec as (
     from (select * from vec_exact
           union all
           select * from vec_index where (select scan from path) = 'index') u),"""
-    ).format(where=where)
+    ).format(where=where, skip=skip)
 
 
 def _text_ctes(where: sql.Composable) -> sql.Composed:

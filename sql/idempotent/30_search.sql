@@ -397,9 +397,11 @@ begin
                        greatest(20000, 200 * kc)::text, true);
     stmt := 'with ';
     if mode <> 'text' then
-        if has_filter then
-            stmt := stmt || format($f$
-est as materialized (select pgrag.estimate_rows(%3$L) >= 5::bigint * $10 as skip),
+        -- Without a filter the count is skipped and the index runs at once; it may still come
+        -- back short (row-level security filters a reader's search: a small tenant in a large
+        -- store), and then every visible vector is compared, as behind a filter.
+        stmt := stmt || format($f$
+est as materialized (select %3$s as skip),
 matched as materialized (
     select c.id, c.embedding %2$s $3 as distance
     from pgrag.chunks c
@@ -435,30 +437,10 @@ vec as (
     from (select * from vec_exact
           union all
           select * from vec_index where (select scan from path) = 'index') u),
-$f$, where_sql, op, estimate_sql);
-        else
-            -- row-level security may still filter: an index scan that stops short before kc
-            -- rows falls back to comparing every visible vector (as the Python client)
-            stmt := stmt || format($f$
-vec_index as materialized (
-    select c.id, c.embedding %1$s $3 as distance
-    from pgrag.chunks c
-    order by c.embedding %1$s $3
-    limit $8),
-path as materialized (
-    select case when (select count(*) from vec_index) >= $8 then 'index'
-                else 'exact' end as scan),
-vec as (
-    select u.id, u.distance, row_number() over (order by u.distance, u.id)::integer as rank
-    from (select * from vec_index where (select scan from path) = 'index'
-          union all
-          (select c.id, c.embedding %1$s $3 as distance
-           from pgrag.chunks c
-           where c.embedding is not null and (select scan from path) = 'exact'
-           order by (c.embedding %1$s $3) + 0, c.id
-           limit $8)) u),
-$f$, op);
-        end if;
+$f$, where_sql, op,
+                case when has_filter
+                     then format('pgrag.estimate_rows(%L) >= 5::bigint * $10', estimate_sql)
+                     else 'true' end);
     end if;
     if mode <> 'vector' then
         stmt := stmt || format($f$
