@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, LiteralString
+from typing import TYPE_CHECKING, Any, LiteralString
 
 import numpy as np
 import psycopg
@@ -38,6 +38,9 @@ from psycopg import sql
 
 from pgrag import synthetic
 from pgrag.errors import MissingDependency
+
+if TYPE_CHECKING:
+    from pgrag.search import SearchResult
 
 EF_VALUES: tuple[int, ...] = (20, 40, 100, 200)
 
@@ -383,7 +386,7 @@ def _stages(
         )
         ms = (time.perf_counter() - t) * 1000
         conn.rollback()
-        cached[stage].append(bool(res.stats_cached and all(res.stats_cached.values())))
+        cached[stage].append(_all_cached(res))
         return ms
 
     with psycopg.connect(url) as conn:
@@ -408,7 +411,7 @@ def _stages(
                 conn, question, vector=vec, filter=flt, k=k, stats=True, schema=synthetic.SCHEMA
             )
             conn.rollback()
-            cached["end to end"].append(bool(res.stats_cached and all(res.stats_cached.values())))
+            cached["end to end"].append(_all_cached(res))
             s = (time.perf_counter() - t) * 1000 - e
             t2 = time.perf_counter()
             reranker.rerank(question, res.hits)
@@ -424,6 +427,11 @@ def _stages(
         for stage, v in per.items()
     }
     return times | {"hits": _cache_hits(cached)}
+
+
+def _all_cached(res: SearchResult) -> bool:
+    """Every type's statistics came from the statistics cache."""
+    return bool(res.stats_cached and all(res.stats_cached.values()))
 
 
 def _cache_hits(cached: Mapping[str, list[bool]]) -> dict[str, float]:
