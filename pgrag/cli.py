@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import psycopg
@@ -19,6 +19,9 @@ import psycopg
 from pgrag import config, migrate
 from pgrag.cli_common import CONTEXT_SETTINGS, print_rebuild, rebuild_progress
 from pgrag.errors import PgragError, ServerError
+
+if TYPE_CHECKING:
+    from pgrag.documents import Mismatch
 
 
 class _Group(click.Group):
@@ -374,8 +377,25 @@ def verify(state: _State, doc_type: str | None, limit: int) -> None:
         click.echo(f"{p.doc_type} {p.source_key}: {p.problem}")
     if len(problems) > limit:
         click.echo(f"... and {len(problems) - limit} more")
-    click.echo(f"{len(problems)} mismatches: run `pgrag rebuild` to fix them", err=True)
+    click.echo(f"{len(problems)} mismatches: {verify_advice(problems)}", err=True)
     sys.exit(1)
+
+
+def verify_advice(problems: list[Mismatch]) -> str:
+    """What fixes these mismatches: a rebuild re-renders documents, but cannot bring back a
+    type whose source view is gone (it would fail, or remove every chunk of the type)."""
+    gone = sorted({p.doc_type for p in problems if p.source_key is None})
+    stale = sorted({p.doc_type for p in problems if p.source_key is not None} - set(gone))
+    advice = []
+    if stale:
+        which = f" {stale[0]}" if len(stale) == 1 else ""
+        advice.append(f"run `pgrag rebuild{which}` to fix them")
+    if gone:
+        advice.append(
+            f"the source view of {', '.join(gone)} is gone: re-declare the type "
+            "(`pgrag documents declare`) or drop it (`pgrag documents drop`)"
+        )
+    return "; ".join(advice)
 
 
 # ---------------------------------------------------------------- status

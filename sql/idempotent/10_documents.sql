@@ -50,6 +50,26 @@ comment on function pgrag.refresh(text, text[]) is
     'Render documents of a type (all, or those with the given source keys) into pgrag.chunks';
 
 
+create or replace function pgrag.pin_output_settings(ddl text)
+returns text
+language sql immutable strict parallel safe security invoker
+set search_path = pg_catalog, pg_temp
+-- A function that prints or parses document keys (or renders text) replaces the line
+-- `@pinned_settings@` of its definition with these, the one list of the settings a value's
+-- text form depends on: a key must print the same in every session (DateStyle 'SQL, DMY' would
+-- print a date key 04/03/1990; extra_float_digits = 0 a float8 key 0.30000000000000004 as 0.3,
+-- which no longer finds its row), or a keyed render misses its document and deletes its chunk.
+return replace(ddl, '@pinned_settings@', $s$set datestyle = 'ISO, YMD'
+        set intervalstyle = 'postgres'
+        set timezone = 'UTC'
+        set extra_float_digits = 1
+        set bytea_output = 'hex'
+        set lc_monetary = 'C'$s$);
+
+comment on function pgrag.pin_output_settings(text) is
+    'The settings every key-printing function pins, spliced into its definition';
+
+
 create or replace function pgrag.create_render_function(doc_type text)
 returns void
 language plpgsql volatile security invoker
@@ -65,6 +85,9 @@ declare
     body_expr text := 'd.text::text';
     tenant_expr text := 'null::text';
     render_fn text;
+    -- The key's exact type, modifiers included, from the catalog (never from doc_types text):
+    -- `character(3)` as regtype would be `character`, i.e. char(1), and cut 'ABW' to 'A'.
+    key_type text;
     old_owner regrole;
     upsert text;
     -- From revision 0006 (sql/idempotent/40_security.sql, docs/security.md) a type may name a
@@ -80,6 +103,7 @@ begin
     sec := to_jsonb(t);
     select jsonb_object_agg(attname, format_type(atttypid, atttypmod)) into cols
       from pg_attribute where attrelid = t.source and attnum > 0 and not attisdropped;
+    key_type := cols->>'source_key';
     pk_expr := case when cols ? 'parent_key' then 'd.parent_key::text' else 'null::text' end;
     md_expr := case when cols ? 'metadata' then 'coalesce(d.metadata, ''{}''::jsonb)'
                     else '''{}''::jsonb' end;
@@ -107,20 +131,41 @@ begin
            is distinct from 'TABLE(key text, parent text, body text, meta jsonb, tenant text)' then
         execute format('drop function %s(text[])', render_fn);
     end if;
-    execute format($f$
+    execute pgrag.pin_output_settings(format($f$
         create or replace function %s(keys text[])
         returns table (key text, parent text, body text, meta jsonb, tenant text)
         language plpgsql stable security invoker rows 10
         set search_path = pg_catalog, pg_temp
         set plan_cache_mode = force_generic_plan
-        set datestyle = 'ISO, YMD'
-        set intervalstyle = 'postgres'
-        set timezone = 'UTC'
+        @pinned_settings@
         as $body$
+        declare
+            changed_keys text[];
+            bad_key text;
+            read_back text;
         begin
             if keys is null then
                 return query select d.source_key::text, %2$s, %3$s, %4$s, %5$s from %6$s d;
             else
+                -- Keys are source_key::text. One the cast to the key type changes names no
+                -- document, unless the cast is wrong (as `character` for character(3) was):
+                -- then its document exists, the render would miss it and the store delete it.
+                -- Refuse that; the scan by text runs only for such keys.
+                select array_agg(u.k) into changed_keys
+                  from unnest(keys) as u(k) where u.k::%7$s::text is distinct from u.k;
+                if changed_keys is not null then
+                    select d.source_key::text, d.source_key::text::%7$s::text
+                      into bad_key, read_back
+                      from %6$s d where d.source_key::text = any(changed_keys) limit 1;
+                end if;
+                if bad_key is not null then
+                    raise exception using
+                        errcode = 'PR004',
+                        message = format('key %%L of %%s reads back as %%L after the cast to its '
+                                         'key type %%s: its document would be lost',
+                                         bad_key, %8$L, read_back, %9$L),
+                        hint = 'did the key column''s type change since the declaration? declare the type again to regenerate its functions';
+                end if;
                 return query select d.source_key::text, %2$s, %3$s, %4$s, %5$s from %6$s d
                              where d.source_key = any(keys::%7$s[]);
             end if;
@@ -128,7 +173,8 @@ begin
         $body$
         $f$,
         render_fn, pk_expr, body_expr, md_expr, tenant_expr, t.source,
-        t.key_type::regtype);  -- a type, never SQL text of its own (doc_types is writable)
+        key_type,  -- format_type() of the catalog: a type name, never SQL of doc_types'
+        t.name, key_type));
     if old_owner is not null and old_owner <> current_user::regrole then
         execute format('alter function %s(text[]) owner to %s', render_fn, old_owner);
     end if;
@@ -178,15 +224,13 @@ begin
             case when tenants then ', c.tenant' else '' end,
             case when tenants then ', excluded.tenant' else '' end);
 
-    execute format($f$
+    execute pgrag.pin_output_settings(format($f$
         create or replace function pgrag.%1$I(keys text[])
         returns bigint
         language plpgsql volatile security invoker
         set search_path = pg_catalog, pg_temp
         set plan_cache_mode = force_generic_plan
-        set datestyle = 'ISO, YMD'
-        set intervalstyle = 'postgres'
-        set timezone = 'UTC'
+        @pinned_settings@
         as $body$
         declare
             n_up bigint;
@@ -249,7 +293,7 @@ begin
         format(upsert, 'c.source_key = any(keys)'),
         (select array_agg(c.name order by c.name) from pgrag.doc_types c where c.parent_type = t.name),
         t.name,
-        hashtext('pgrag document ' || t.name));
+        hashtext('pgrag document ' || t.name)));
 end
 $fn$;
 
@@ -404,14 +448,12 @@ begin
                 end if;
                 return null;
             end if;$q$, doc_type, format(keys_sql, kq));
-        execute format($f$
+        execute pgrag.pin_output_settings(format($f$
             create or replace function pgrag.%1$I(changed_rows text)
             returns text[]
             language plpgsql volatile security invoker
             set search_path = pg_catalog, pg_temp
-            set datestyle = 'ISO, YMD'
-            set intervalstyle = 'postgres'
-            set timezone = 'UTC'
+            @pinned_settings@
             as %2$L
             $f$,
             regexp_replace(pgrag.sync_function_name(doc_type, source_table), '^sync_', 'keys_'),
@@ -422,18 +464,16 @@ begin
                 with changed as (select * from unnest(changed_rows::%1$s[])) %2$s;
                 return keys;
             end
-            $body$, source_table, format(keys_sql, kq)));
+            $body$, source_table, format(keys_sql, kq))));
     end if;
     -- The body goes in as a quoted literal (%L), never between dollar quotes: a key query that
     -- contains `$body$` cannot end the body early and add code of its own.
-    execute format($f$
+    execute pgrag.pin_output_settings(format($f$
         create or replace function pgrag.%1$I()
         returns trigger
         language plpgsql volatile security invoker
         set search_path = pg_catalog, pg_temp
-        set datestyle = 'ISO, YMD'
-        set intervalstyle = 'postgres'
-        set timezone = 'UTC'
+        @pinned_settings@
         as %2$L
         $f$,
         pgrag.sync_function_name(doc_type, source_table),
@@ -472,7 +512,7 @@ begin
         $body$,
         format(keys_sql, kq),
         doc_type,
-        queue_block));
+        queue_block)));
 end
 $fn$;
 
@@ -849,13 +889,18 @@ comment on function pgrag.declare_document(text, text, jsonb, text, jsonb, text,
     'type, tenant column and sensitive columns';
 
 
+do $do$
+begin
+    execute pgrag.pin_output_settings($def$
 create or replace function pgrag.document_keys(doc_type text)
 returns setof text
 language plpgsql stable security invoker
 set search_path = pg_catalog, pg_temp
+@pinned_settings@
 as $fn$
 #variable_conflict use_variable
--- Every source key a document type renders, in key order (for batched rebuilds).
+-- Every source key a document type renders, in key order (for batched rebuilds), printed as the
+-- generated functions print them (the settings pinned above).
 declare
     src regclass;
 begin
@@ -867,7 +912,10 @@ begin
     end if;
     return query execute format('select d.source_key::text from %s d order by d.source_key', src);
 end
-$fn$;
+$fn$
+$def$);
+end
+$do$;
 
 
 create or replace function pgrag.verify(only_type text default null)
@@ -882,6 +930,14 @@ as $fn$
 declare
     t pgrag.doc_types;
 begin
+    if only_type is not null and not exists (select 1 from pgrag.doc_types d
+                                              where d.name = only_type) then
+        raise exception using errcode = 'PR003',
+            message = format('document type %s is not declared (declared: %s)', only_type,
+                             coalesce((select string_agg(d.name, ', ' order by d.name)
+                                         from pgrag.doc_types d), 'none')),
+            hint = '`pgrag documents list` shows the declared types';
+    end if;
     for t in select * from pgrag.doc_types d
               where only_type is null or d.name = only_type
               order by d.parent_type nulls first, d.name loop
