@@ -5,7 +5,7 @@
 
 Against the server of PGRAG_DATABASE_URL (default: the embedded server), in a scratch database
 `pgrag_northwind_eval` it creates (and drops unless --keep): loads Northwind (default
-../shared/datasets/northwind/northwind.sql, or PGRAG_NORTHWIND_SQL) with psql, migrates pgrag,
+examples/northwind/northwind.sql, or PGRAG_NORTHWIND_SQL) with psql, migrates pgrag,
 declares the documents of examples/northwind/documents.sql, embeds them with the default model,
 generates the Northwind question set (pgrag.eval.northwind, SQL ground truth in
 sql/eval/northwind_questions.sql) and evaluates four strategies with the same credit rule as
@@ -46,9 +46,7 @@ from pgrag.server import bin_dir
 DB = "pgrag_northwind_eval"
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_NORTHWIND = Path(
-    os.environ.get(
-        "PGRAG_NORTHWIND_SQL", REPO.parent / "shared" / "datasets" / "northwind" / "northwind.sql"
-    )
+    os.environ.get("PGRAG_NORTHWIND_SQL", REPO / "examples" / "northwind" / "northwind.sql")
 )
 STRATS = (
     STRATEGIES["hybrid"],

@@ -15,9 +15,7 @@ from pgrag.server import bin_dir
 from .conftest import REPO
 
 NORTHWIND = Path(
-    os.environ.get(
-        "PGRAG_NORTHWIND_SQL", REPO.parent / "shared" / "datasets" / "northwind" / "northwind.sql"
-    )
+    os.environ.get("PGRAG_NORTHWIND_SQL", REPO / "examples" / "northwind" / "northwind.sql")
 )
 
 

@@ -27,6 +27,7 @@ drop function if exists pgrag.create_sync_triggers(text, regclass);
 drop function if exists pgrag.create_render_function(text);
 drop function if exists pgrag.drop_sync_triggers(text, regclass);
 drop function if exists pgrag.check_one_statement(text);
+drop function if exists pgrag.pin_output_settings(text);
 drop table pgrag.doc_watches;
 drop table pgrag.doc_types;
 drop index pgrag.chunks_parent_key;
