@@ -27,7 +27,7 @@ import psycopg
 from pgvector.psycopg import register_vector
 
 from pgrag.sweep import bare, exact
-from pgrag.synthetic import SCHEMA, SELECTIVITIES, declare_stats, load, queries
+from pgrag.synthetic import SELECTIVITIES, declare_stats, load, queries
 
 
 def exact_ids(
@@ -60,7 +60,6 @@ def run(url: str, rows: int, nq: int, skip_load: bool, k: int = 10) -> None:
     if not skip_load:
         load(url, rows)
     qvecs, qtexts = queries(nq)
-    schema = SCHEMA
     print(f"## Filtered vector search, {rows:,} chunks, {nq} queries, k = {k}\n")
     print(
         "| filter matches | bare pgvector: rows returned (mean) | bare recall@10 | bare p95 ms "
@@ -87,7 +86,6 @@ def run(url: str, rows: int, nq: int, skip_load: bool, k: int = 10) -> None:
                         filter=flt,
                         k=k,
                         mode="vector",
-                        schema=schema,
                     )
                 )
                 conn.rollback()
@@ -119,7 +117,6 @@ def run(url: str, rows: int, nq: int, skip_load: bool, k: int = 10) -> None:
                             filter=flt,
                             k=k,
                             stats=want,
-                            schema=schema,
                         )
                     )
                     conn.rollback()
@@ -128,10 +125,10 @@ def run(url: str, rows: int, nq: int, skip_load: bool, k: int = 10) -> None:
                 f"| {label} | {p(plain, 50):.2f} | {p(plain, 95):.2f} "
                 f"| {p(with_stats, 50):.2f} | {p(with_stats, 95):.2f} |"
             )
-    end_to_end(url, nq, schema)
+    end_to_end(url, nq)
 
 
-def end_to_end(url: str, nq: int, schema: dict[str, str]) -> None:
+def end_to_end(url: str, nq: int) -> None:
     """Question → embedding (default model, query cache cold) → hybrid search with stats.
 
     The store's vectors are synthetic, so the model check is skipped (model=None): the point
@@ -152,9 +149,7 @@ def end_to_end(url: str, nq: int, schema: dict[str, str]) -> None:
                 t = time.perf_counter()
                 vec = embedder.embed([question])[0]  # cold: a question never asked before
                 e = (time.perf_counter() - t) * 1000
-                search(
-                    conn, question, vector=vec, filter={"p1": True}, k=10, stats=want, schema=schema
-                )
+                search(conn, question, vector=vec, filter={"p1": True}, k=10, stats=want)
                 conn.rollback()
                 totals[label].append((time.perf_counter() - t) * 1000)
                 embed_times.append(e)

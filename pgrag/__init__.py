@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from pgrag.answer import Answer, Context, LLMConfig
     from pgrag.ask import AskResult
     from pgrag.documents import DocType, Mismatch, RebuildStats
-    from pgrag.filters import compile_filter, parse_filter_json
+    from pgrag.filters import parse_filter_json
     from pgrag.parse import LLMParser, ParsedQuery, parse_question
     from pgrag.rerank import Hit, Reranker
     from pgrag.search import SearchHit, SearchResult, asearch
@@ -43,7 +43,6 @@ _LAZY = {
     "DocType": "pgrag.documents",
     "Mismatch": "pgrag.documents",
     "RebuildStats": "pgrag.documents",
-    "compile_filter": "pgrag.filters",
     "parse_filter_json": "pgrag.filters",
     "LLMParser": "pgrag.parse",
     "ParsedQuery": "pgrag.parse",
@@ -93,7 +92,6 @@ __all__ = [
     "StoreSettings",
     "StoreStatus",
     "asearch",
-    "compile_filter",
     "connect",
     "parse_filter_json",
     "parse_question",

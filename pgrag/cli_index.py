@@ -59,8 +59,8 @@ def add(
             client.require_schema()
             with client.connection() as conn:
                 p = plan(conn, filter_json)
-                click.echo(p.create.as_string(conn) + ";")
-                click.echo(p.comment.as_string(conn) + ";")
+                click.echo(p.create_ddl + ";")
+                click.echo(p.comment_ddl + ";")
             return
         started = time.perf_counter()
         bar = _progress()

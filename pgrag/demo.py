@@ -55,7 +55,7 @@ def run_demo(
     from pgrag.embed.base import get_embedder
     from pgrag.sample import load_sample
     from pgrag.sample_documents import declare_sample_documents
-    from pgrag.search import forget_schemas, query_cache_for
+    from pgrag.search import query_cache_for
     from pgrag.worker import Worker
 
     started = time.perf_counter()
@@ -70,7 +70,6 @@ def run_demo(
     with connect_once(url, autocommit=False) as conn:
         declare_sample_documents(conn)
         conn.commit()
-    forget_schemas()
     forget_catalog()
     model = embedder if embedder is not None and not isinstance(embedder, str) else None
     model = model or get_embedder(embedder if isinstance(embedder, str) else None)

@@ -7,10 +7,12 @@ of chunks for ten hits (docs/benchmarks.md). A filter index is ``create index ..
 filter walks a small graph and checks nothing. PostgreSQL's planner picks it by itself for any
 search whose filter contains the index's filter: the planner proves a partial index's predicate
 from identical conditions, so searches compile the keys of filter indexes
-(``pgrag.filter_index_keys()``, read from the indexes' comments) into conditions of their own,
-in canonical form (``split_keys`` in pgrag/filters.py), and the index's predicate is compiled
-the same way. Nothing else changes: the same statement, the same exact scan below
-``exact_threshold`` rows, the same ``hnsw.ef_search``.
+(``pgrag._filter_index_keys()``, read from the indexes' comments) into conditions of their own,
+in canonical form (``split_keys`` of ``pgrag._filter_sql``), and the index's predicate is
+compiled the same way, by the same SQL function (``pgrag._filter_index_plan`` writes the DDL;
+``CREATE INDEX CONCURRENTLY`` cannot run in a function, so this module runs it). Nothing else
+changes: the same statement, the same exact scan below ``exact_threshold`` rows, the same
+``hnsw.ef_search``.
 
 The index is built ``concurrently`` (writers are not blocked; a failed build leaves an invalid
 index, which the next ``add`` of the same filter replaces) with the store index's ``m`` and
@@ -21,7 +23,6 @@ on every matching chunk's vector, and memory: size them to the filters that matt
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -32,9 +33,8 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import class_row
 
-from pgrag.errors import ConfigError, IndexBuildFailed, from_database
-from pgrag.filters import compile_filter, parse_filter_json, with_literals
-from pgrag.search import filter_schema, forget_schemas
+from pgrag.errors import ConfigError, IndexBuildFailed, from_database, mapped_database_errors
+from pgrag.filters import filter_param, parse_filter_json
 
 PREFIX = "chunks_embedding_hnsw_f_"
 CLEANUP_LOCK_TIMEOUT = "5s"
@@ -54,18 +54,6 @@ from pg_index x
 join pg_class i on i.oid = x.indexrelid
 where x.indrelid = 'pgrag.chunks'::regclass and i.relname like 'chunks\\_embedding\\_hnsw\\_f\\_%'
 order by i.relname
-"""
-# the store index's build parameters, which a filter index copies (its graph should be as good)
-_STORE_OPTIONS: LiteralString = """
-select coalesce(max(o.option_value) filter (where o.option_name = 'm'), s.hnsw_m::text)::int,
-       coalesce(max(o.option_value) filter (where o.option_name = 'ef_construction'),
-                s.hnsw_ef_construction::text)::int,
-       (select n.nspname from pg_extension e join pg_namespace n on n.oid = e.extnamespace
-        where e.extname = 'vector')
-from pgrag.settings s
-left join pg_class c on c.oid = to_regclass('pgrag.chunks_embedding_hnsw')
-left join lateral pg_options_to_table(c.reloptions) o on true
-group by s.hnsw_m, s.hnsw_ef_construction
 """
 _LOCK: LiteralString = (
     "select pg_try_advisory_lock(hashtextextended('pgrag filter index ' || %s, 0))"
@@ -106,12 +94,21 @@ class FilterIndex:
 
 @dataclass(frozen=True)
 class Plan:
-    """What ``add`` will run: the index's name, its filter and its DDL."""
+    """What ``add`` will run: the index's name, its filter and its DDL, written by the server
+    (``pgrag._filter_index_plan``: every identifier quoted, every value a literal)."""
 
     name: str
     filter_json: str
-    create: sql.Composed
-    comment: sql.Composed
+    create_ddl: str
+    comment_ddl: str
+
+    @property
+    def create(self) -> bytes:
+        return self.create_ddl.encode()
+
+    @property
+    def comment(self) -> bytes:
+        return self.comment_ddl.encode()
 
 
 def _as_dict(filter: Mapping[str, Any] | str) -> dict[str, Any]:
@@ -121,70 +118,21 @@ def _as_dict(filter: Mapping[str, Any] | str) -> dict[str, Any]:
     return dict(filter)
 
 
-def plan(
-    conn: psycopg.Connection[Any],
-    filter: Mapping[str, Any] | str,
-    schema: Mapping[str, str] | None = None,
-) -> Plan:
+def plan(conn: psycopg.Connection[Any], filter: Mapping[str, Any] | str) -> Plan:
     """The CREATE INDEX of ``filter``'s index, compiled exactly as a search compiles it, against
-    ``schema`` or else the declared metadata schemas (InvalidFilter for a filter a search would
-    refuse)."""
+    the declared metadata schemas (InvalidFilter for a filter a search would refuse, ConfigError
+    for one that selects every chunk or none)."""
     flt = _as_dict(filter)
     if not flt:
         raise ConfigError(
             "a filter index needs a filter: the store index already serves unfiltered searches"
         )
-    text = json.dumps(flt, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    # its keys split out and canonical, as a search compiles them once the index exists
-    compiled = compile_filter(
-        flt,
-        filter_schema(conn, flt, None) if schema is None else schema,
-        column=sql.Identifier("metadata"),
-        doc_type_column=sql.Identifier("doc_type"),
-        split_keys=flt.keys(),
-    )
-    predicate = with_literals(compiled, compiled.params)
-    shown = predicate.as_string(conn)
-    constant = _constant(conn, predicate)
-    if constant is not None:
-        raise ConfigError(
-            f"filter {text} matches {'every' if constant else 'no'} chunk: a filter "
-            "index needs a filter that selects some of them"
-        )
-    # named by the predicate: {"k": 1} and {"k": {"$eq": 1}} are one index
-    name = PREFIX + hashlib.sha256(shown.encode()).hexdigest()[:12]
-    row = conn.execute(_STORE_OPTIONS).fetchone()
-    if row is None or row[2] is None:
-        raise ConfigError("pgrag.settings or pgvector is missing: run `pgrag db upgrade`")
-    m, ef_construction, vector_schema = row
-    ident = sql.Identifier("pgrag", name)
-    create = sql.SQL(
-        "create index concurrently {} on pgrag.chunks using hnsw (embedding {}) "
-        "with (m = {}, ef_construction = {}) where {}"
-    ).format(
-        sql.Identifier(name),
-        sql.Identifier(vector_schema, "vector_cosine_ops"),
-        sql.Literal(int(m)),
-        sql.Literal(int(ef_construction)),
-        predicate,
-    )
-    comment = sql.SQL("comment on index {} is {}").format(ident, sql.Literal(text))
-    return Plan(name=name, filter_json=text, create=create, comment=comment)
-
-
-def _constant(conn: psycopg.Connection[Any], predicate: sql.Composable) -> bool | None:
-    """True or False if PostgreSQL folds ``predicate`` to a constant (``not false``,
-    ``k and false``...), else None."""
-    query = sql.SQL("explain (format json, costs off) select from pgrag.chunks where {}")
-    row = conn.execute(query.format(predicate)).fetchone()
+    with mapped_database_errors(), conn.cursor(row_factory=class_row(Plan)) as cur:
+        row = cur.execute(
+            "select * from pgrag._filter_index_plan(%s::jsonb)", (filter_param(flt),)
+        ).fetchone()
     assert row is not None
-    plan = row[0][0]["Plan"]
-    if plan.get("One-Time Filter") == "false":
-        return False
-    text = json.dumps(plan)
-    if not any(f'"{k}"' in text for k in ("Filter", "Index Cond", "Recheck Cond")):
-        return True  # no condition left anywhere in the plan
-    return None
+    return row
 
 
 def list_indexes(conn: psycopg.Connection[Any]) -> list[FilterIndex]:
@@ -200,7 +148,6 @@ def add(
     url: str,
     filter: Mapping[str, Any] | str,
     *,
-    schema: Mapping[str, str] | None = None,
     maintenance_work_mem: str | None = None,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> tuple[FilterIndex, bool]:
@@ -210,7 +157,7 @@ def add(
     built again. ``progress(phase, blocks_done, blocks_total)`` is called about twice a second.
     """
     with psycopg.connect(url, autocommit=True) as conn:
-        p = plan(conn, filter, schema)
+        p = plan(conn, filter)
         with _exclusive(conn, p.name):
             existing = find(conn, p.name)
             if existing is not None and existing.valid:
@@ -250,27 +197,25 @@ def add(
                 ) from exc
             conn.execute(p.comment)
             built = find(conn, p.name)
-    forget_schemas()  # this process's searches split the new keys at once
     assert built is not None
     return built, True
 
 
-def drop(url: str, filter_or_name: str, *, schema: Mapping[str, str] | None = None) -> str | None:
+def drop(url: str, filter_or_name: str) -> str | None:
     """Drop the index of a filter (JSON text) or of a name; its name, or None if none existed."""
     with psycopg.connect(url, autocommit=True) as conn:
         text = filter_or_name.strip()
         if text.startswith(PREFIX):
             name = text
         else:
-            p = plan(conn, text, schema)
+            p = plan(conn, text)
             # an index of the same filter built by an older pgrag may have another name
-            same = [i.name for i in list_indexes(conn) if i.filter_json == p.filter_json]
+            same = [i.name for i in list_indexes(conn) if i.filter == json.loads(p.filter_json)]
             name = p.name if find(conn, p.name) is not None or not same else same[0]
         with _exclusive(conn, name):
             if find(conn, name) is None:
                 return None
             conn.execute(sql.SQL("drop index concurrently if exists {}").format(_ident(name)))
-    forget_schemas()
     return name
 
 
@@ -318,7 +263,7 @@ def _ident(name: str) -> sql.Identifier:
 def _run_with_progress(
     url: str,
     conn: psycopg.Connection[Any],
-    statement: sql.Composed,
+    statement: bytes,
     progress: Callable[[str, int, int], None] | None,
 ) -> None:
     """Run ``statement`` on ``conn``; meanwhile report its pg_stat_progress_create_index row."""

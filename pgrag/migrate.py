@@ -29,7 +29,6 @@ from pgrag.errors import (
     NotMigrated,
     PgragError,
     from_database,
-    mapped_database_errors,
 )
 
 VERSION_TABLE = "pgrag_alembic_version"
@@ -82,29 +81,19 @@ def apply_downgrade(conn: Any, name: str) -> None:
     run_sql_file(conn, sql_dir() / "downgrade" / name)
 
 
-_INTRODUCED = re.compile(r"^-- Introduced by revision (\d{4})", re.MULTILINE)
+def idempotent_files() -> list[Path]:
+    """The idempotent files (``sql/idempotent/NN_*.sql``), in the order they are applied."""
+    return sorted((sql_dir() / "idempotent").glob("*.sql"))
 
 
-def idempotent_files(up_to: str | None = None) -> list[Path]:
-    """The idempotent files in order; with ``up_to``, only those its revision already has.
-
-    Each file says which revision introduced it (``-- Introduced by revision NNNN``). A file
-    refers only to tables of that revision or earlier, so a database migrated to an
-    intermediate revision gets exactly the functions that revision knows.
-    """
-    files = []
-    for path in sorted((sql_dir() / "idempotent").glob("*.sql")):
-        found = _INTRODUCED.search(path.read_text(encoding="utf-8"))
-        if found is None:
-            raise PgragError(f"{path.name} does not say which revision introduced it")
-        if up_to is None or found.group(1) <= up_to:
-            files.append(path)
-    return files
-
-
-def apply_idempotent(conn: Any, up_to: str | None = None) -> None:
-    for path in idempotent_files(up_to):
+def apply_idempotent(conn: Any) -> None:
+    """Apply every idempotent file once, then drop the functions of schema pgrag they no longer
+    define (``sql/migrate/``). Run in the migration's transaction, when it ends at head: the files
+    hold the one current definition of each function, for head's tables."""
+    run_sql_file(conn, sql_dir() / "migrate" / "before_idempotent.sql")
+    for path in idempotent_files():
         run_sql_file(conn, path)
+    run_sql_file(conn, sql_dir() / "migrate" / "after_idempotent.sql")
 
 
 # ---- migration options handed to alembic's env.py ----
@@ -169,6 +158,9 @@ def upgrade(
 ) -> None:
     """Migrate the database at ``url`` up to ``revision`` in one transaction.
 
+    At head (also when the database is there already) the idempotent files are applied in that
+    transaction, once; below head a database has pgrag's tables only.
+
     ``reader_role`` / ``writer_role`` (default PGRAG_READER_ROLE / PGRAG_WRITER_ROLE, else
     pgrag_reader / pgrag_writer) name the roles revision 0006 creates when missing
     (docs/security.md); like the dimension, they are fixed at that revision.
@@ -186,22 +178,6 @@ def upgrade(
     preflight(url, options)
     with _ALEMBIC_LOCK, _alembic_errors():
         command.upgrade(_alembic_config(options), revision)
-    if revision == "head":
-        refresh_idempotent(url)
-
-
-def refresh_idempotent(url: str) -> None:
-    """Re-apply the idempotent SQL files (functions, triggers' code) on a database at head.
-
-    The head revision applies them too; this also brings a database up to date with an
-    installed pgrag whose functions changed without a schema change. One transaction.
-    """
-    from pgrag.db import connect_once
-
-    with connect_once(url, autocommit=False) as conn, mapped_database_errors():
-        conn.execute("select pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
-        apply_idempotent(conn)
-        conn.commit()
 
 
 def downgrade(url: str, revision: str, *, drop_data: bool = False) -> None:
@@ -368,6 +344,8 @@ def run_env(context: Any) -> None:
                     {"name": name, "value": value},
                 )
             context.run_migrations()
+            if context.get_context().get_current_revision() == head():
+                apply_idempotent(connection)
     engine.dispose()
 
 
@@ -399,29 +377,25 @@ def _options_from_alembic_cli(context: Any) -> MigrationOptions:
     )
 
 
-def revision_upgrade(revision: str, incremental: str | None) -> None:
-    """What every alembic revision's upgrade() does: its SQL file, then the idempotent files
-    it knows (re-applied at every step: they are idempotent, and later steps may replace them)."""
+def revision_upgrade(incremental: str) -> None:
+    """What every alembic revision's upgrade() does: its frozen incremental file. The
+    idempotent files are applied once, after the last revision (``run_env``)."""
     from alembic import op
 
-    bind = op.get_bind()
-    if incremental is not None:
-        apply_incremental(bind, incremental)
-    apply_idempotent(bind, up_to=revision)
+    apply_incremental(op.get_bind(), incremental)
 
 
-def revision_downgrade(downgrade_file: str, reapply_up_to: str | None = None) -> None:
-    """What every alembic revision's downgrade() does: its downgrade file; then, for a revision
-    that replaced functions of earlier idempotent files, those files as of ``reapply_up_to``."""
+def revision_downgrade(downgrade_file: str) -> None:
+    """What every alembic revision's downgrade() does: remove the idempotent files' objects (the
+    first step does; the later ones find none), then its downgrade file."""
     from alembic import op
 
     bind = op.get_bind()
     driver = bind.connection.driver_connection
     assert isinstance(driver, psycopg.Connection)
     refuse_data_loss(driver, downgrade_file)
+    apply_downgrade(bind, "idempotent.sql")
     apply_downgrade(bind, downgrade_file)
-    if reapply_up_to is not None:
-        apply_idempotent(bind, up_to=reapply_up_to)
 
 
 # Configuration and caches, not data: recreated (or recomputed) after the next upgrade.

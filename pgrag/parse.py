@@ -4,10 +4,11 @@
 in the data), order status ("not delivered yet"), customer ids and names, and time phrases
 ("in January 2024", "last 3 months", "since March 2024", "yesterday"), and says whether the
 question needs exact numbers ("total", "how many", "average"...). Its filter is written for the
-preferred document type and is valid for ``pgrag.filters.compile_filter``.
+preferred document type, with values of its keys' types (``pgrag.filters.value_fits``).
 
 ``LLMParser`` asks any OpenAI-compatible chat endpoint for the same fields as a JSON object;
-the proposal is validated through ``compile_filter`` and, if it does not hold, the rule-based
+the proposal is validated by the server's filter compiler (``check``, ``pgrag.check_filter``)
+and, if it does not hold, the rule-based
 parse is used with a note saying why.
 """
 
@@ -17,12 +18,12 @@ import calendar
 import datetime as dt
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pgrag.errors import InvalidFilter, MissingDependency, PgragError
-from pgrag.filters import compile_filter, union_schema
+from pgrag.filters import value_fits
 from pgrag.limits import check_question
 
 CUSTOMER_PROFILE = "customer_profile"
@@ -382,7 +383,9 @@ def parse_question(
         wanted.append((key, time_range.as_filter(), time_range.phrase))
 
     flt: dict[str, Any] = {}
-    schema = union_schema(known) if known else {}
+    schema: dict[str, str] = {}
+    for one in known:
+        schema.update(one)
     for key, value, why in wanted:
         if key not in keys:
             notes.append(
@@ -390,10 +393,9 @@ def parse_question(
                 "not filtered on"
             )
             continue
-        try:  # the rules only emit values valid for the declared type; say so if not
-            compile_filter({key: value}, schema)
-        except InvalidFilter as exc:
-            notes.append(f"{why!r} not filtered on: {exc}")
+        # the rules only emit values of the key's declared type; say so if not
+        if not _fits(schema[key], value):
+            notes.append(f"{why!r} not filtered on: filter key {key!r} expects {schema[key]}")
             continue
         flt[key] = value
 
@@ -411,6 +413,16 @@ def parse_question(
         categories=tuple(found_categories),
         matched=tuple(matched),
         notes=tuple(notes),
+    )
+
+
+def _fits(type_name: str, value: Any) -> bool:
+    """Whether every value in a rule's condition (a value, or an operator object) fits."""
+    operands = value.values() if isinstance(value, Mapping) else [value]
+    return all(
+        value_fits(type_name, v)
+        for operand in operands
+        for v in (operand if isinstance(operand, list) else [operand])
     )
 
 
@@ -605,6 +617,12 @@ class LLMParser:
     api_key: str | None = field(default=None, repr=False)
     schemas: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: SHOP_SCHEMAS)
     timeout_s: float = 30.0
+    # The filter language's check of a proposal (InvalidFilter if it does not hold), e.g.
+    # ``lambda f, types: pgrag.filters.check_filter(conn, f, types)``; without it a proposal's
+    # filter is checked by the search that uses it.
+    check: Callable[[Mapping[str, Any], Sequence[str]], None] | None = field(
+        default=None, repr=False, compare=False
+    )
 
     def parse(
         self,
@@ -703,7 +721,8 @@ class LLMParser:
         flt = proposal.get("filter") or {}
         if not isinstance(flt, dict):
             raise ValueError("filter must be an object")
-        compile_filter(flt, union_schema(self.schemas[d] for d in doc_types))
+        if self.check is not None:
+            self.check(flt, doc_types)
         needs_stats = proposal.get("needs_stats", rules.needs_stats)
         if not isinstance(needs_stats, bool):
             raise ValueError("needs_stats must be true or false")

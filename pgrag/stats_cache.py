@@ -3,7 +3,7 @@
 A cached type's exact statistics for a filter are computed once and reused while no table its
 declared query reads has changed (``sql/idempotent/60_stats_cache.sql`` holds the design and
 the proof; docs/search.md, "The statistics cache"). The search statement needs no change: its
-``pgrag.doc_type_stats_where`` looks the result up.
+``pgrag._doc_type_stats_where`` looks the result up.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ select s.doc_type, s.cache_deps is not null as cached,
        coalesce((select array_agg(d::text order by d::text) from unnest(s.cache_deps) d),
                 '{}') as tables,
        (select count(*) from pgrag.stats_cache c where c.doc_type = s.doc_type) as results,
-       s.cache_deps is not null and pgrag.stats_triggers_state(s.cache_deps) is not null
+       s.cache_deps is not null and pgrag._stats_triggers_state(s.cache_deps) is not null
            as triggers_ok
 from pgrag.doc_stats s
 order by s.doc_type

@@ -216,7 +216,6 @@ def set_filter_indexes(url: str, wanted: bool, progress: Progress | None = None)
         index, built = filter_index.add(
             url,
             synthetic.SELECTIVITIES[label],
-            schema=synthetic.SCHEMA,  # a store loaded before types declared their schema
             maintenance_work_mem="4GB",
             progress=_relabel(progress, f"filter index {label}"),
         )
@@ -304,7 +303,6 @@ def sweep_size(
                     filter=flt,
                     k=k,
                     mode="vector",
-                    schema=synthetic.SCHEMA,
                 )
                 times.append((time.perf_counter() - t) * 1000)
                 conn.rollback()
@@ -382,7 +380,6 @@ def _stages(
             filter=flt,
             k=k,
             stats=True,
-            schema=synthetic.SCHEMA,
         )
         ms = (time.perf_counter() - t) * 1000
         conn.rollback()
@@ -398,7 +395,7 @@ def _stages(
         per["statement"] = [statement(conn, i, "statement") for i in range(queries)]
         stats_cache.set_cached(conn, synthetic.DOC_TYPE, True)
         conn.commit()
-        stats(conn, filter=flt, schema=synthetic.SCHEMA)
+        stats(conn, filter=flt)
         conn.commit()
         per["cached"] = [statement(conn, i, "cached") for i in range(queries)]
         for i in range(queries):
@@ -407,9 +404,7 @@ def _stages(
             t = time.perf_counter()
             vec = embedder.embed([question])[0]  # never asked before: the cache is cold
             e = (time.perf_counter() - t) * 1000
-            res = search(
-                conn, question, vector=vec, filter=flt, k=k, stats=True, schema=synthetic.SCHEMA
-            )
+            res = search(conn, question, vector=vec, filter=flt, k=k, stats=True)
             conn.rollback()
             cached["end to end"].append(_all_cached(res))
             s = (time.perf_counter() - t) * 1000 - e

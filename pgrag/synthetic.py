@@ -144,6 +144,7 @@ def store(
             conn.execute(sql.SQL("drop index {}").format(sql.Identifier("pgrag", index.name)))
         conn.execute("delete from pgrag.chunks")
         conn.execute("update pgrag.settings set embedding_model = 'synthetic'")
+        register(conn)
         with conn.cursor().copy(_COPY) as cp:
             cp.set_types(["text", "text", "text", "jsonb", "vector", "text"])
             for i in range(len(texts)):
@@ -161,15 +162,21 @@ def store(
         conn.execute("vacuum analyze pgrag.chunks")
 
 
-def declare_stats(conn: psycopg.Connection[Any]) -> None:
-    """A document type row for the synthetic chunks (with their metadata schema, so that filters
-    on them compile without one passed in) and exact statistics over the matches."""
+def register(conn: psycopg.Connection[Any]) -> None:
+    """A document type row for the synthetic chunks, with their metadata schema (filters on
+    them compile against it). Not declared through pgrag.declare_document: the chunks are
+    written directly, with their vectors, and no view renders them."""
     conn.execute(
         "insert into pgrag.doc_types (name, source, owns_source, key_type, metadata_schema) "
         "values ('synthetic', 'pgrag.chunks'::regclass, false, 'text', %s) "
         "on conflict (name) do update set metadata_schema = excluded.metadata_schema",
         (Jsonb(SCHEMA),),
     )
+
+
+def declare_stats(conn: psycopg.Connection[Any]) -> None:
+    """The synthetic type's row (``register``) and exact statistics over the matches."""
+    register(conn)
     conn.execute(
         "select pgrag.declare_stats('synthetic', $q$select jsonb_build_object("
         "'chunks', count(*), 'topics', count(distinct (metadata->>'topic')), "

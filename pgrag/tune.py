@@ -10,7 +10,7 @@ pgrag searches with) and picks the smallest value whose mean recall reaches the 
 
 The choice is stored as a database default, ``ALTER DATABASE ... SET pgrag.ef_search = N``;
 every search that does not pass ``ef_search`` itself uses ``max(N, 2 x candidates)``
-(``pgrag/search.py`` and ``pgrag.run_search``). New sessions see it; pooled connections opened
+(``pgrag/search.py`` and ``pgrag._run_search``). New sessions see it; pooled connections opened
 before keep the previous value until they reconnect.
 """
 

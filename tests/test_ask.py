@@ -8,7 +8,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgrag import search as s
 from pgrag.answer import LLMConfig
 from pgrag.ask import ask, forget_catalog
 from pgrag.embed.base import Embedder
@@ -32,7 +31,6 @@ def shop(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
             (v.tolist(), embedder.name, cid),
         )
     forget_catalog()
-    s.forget_schemas()
     return conn
 
 

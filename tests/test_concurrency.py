@@ -97,13 +97,15 @@ def test_upgrade_while_clients_search(db_url: str) -> None:
     for t in threads:
         t.start()
     upgrades = 0
-    started = time.monotonic()
-    while time.monotonic() - started < 8:
-        migrate.upgrade(db_url)
-        upgrades += 1
-    stop.set()
-    for t in threads:
-        t.join(timeout=60)
+    try:
+        started = time.monotonic()
+        while time.monotonic() - started < 8:
+            migrate.upgrade(db_url)
+            upgrades += 1
+    finally:  # a failed upgrade must not leave the clients searching for the rest of the run
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
     assert upgrades >= 3
     assert outcomes["ok"] > 50
     assert set(outcomes) == {"ok"}, outcomes

@@ -14,7 +14,6 @@ import psycopg
 import pytest
 from pgvector.psycopg import register_vector
 
-from pgrag import search as s
 from pgrag.answer import LLMConfig
 from pgrag.ask import forget_catalog
 from pgrag.errors import ConfigError
@@ -80,7 +79,6 @@ def _embed_everything(conn: psycopg.Connection[Any]) -> None:
     for t in types:
         embed_type(conn, embedder, t)
     forget_catalog()
-    s.forget_schemas()
 
 
 def _load(conn: psycopg.Connection[Any], comparisons: bool = False) -> None:

@@ -16,8 +16,8 @@ from pgrag import search as s
 from pgrag.db import connect
 from pgrag.errors import ConfigError, IndexBuildFailed, InvalidFilter
 
+from . import search_plan
 from .conftest import run_pgrag
-from .test_search import _vector_request
 
 ROWS = 3000
 
@@ -39,18 +39,13 @@ def store_url(pg_server: Any, template_db: str) -> Iterator[str]:
 
 
 def _plan(conn: psycopg.Connection[Any], flt: dict[str, Any]) -> str:
-    # exact_threshold 0: the vector leg always walks an index, whichever the planner picks
-    schema, split_keys = s._filter_info_sync(conn, flt, None, None)  # as search() does
-    req = _vector_request(
-        synthetic.queries(1)[0][0],
-        flt,
-        schema=schema,
-        split_keys=split_keys,
-        exact_threshold=0,
-        context=conn,
-    )
-    stmt = psycopg.sql.SQL("explain (costs off) ") + s.build_statement(req)
-    rows = conn.execute(stmt, req.params).fetchall()
+    """EXPLAIN of the statement a vector search with ``flt`` runs, as pgrag._search plans it.
+    exact_threshold 0: the vector leg always walks an index, whichever the planner picks."""
+    q = synthetic.queries(1)[0][0]
+    plan = search_plan.plan(conn, q, flt, exact_threshold=0)
+    search_plan.settings(conn, plan)
+    rows = search_plan.run_plan(conn, q, plan, explain=True, analyze=False)
+    conn.rollback()
     return "\n".join(r[0] for r in rows)
 
 
@@ -209,11 +204,11 @@ def test_client_and_cli(store_url: str) -> None:
     assert r.returncode == 0, r.stderr
     assert "built in" in r.stdout and "30 chunks" in r.stdout
     r = run_pgrag("filter-index", "list", env=env)
-    assert r.returncode == 0 and '{"p1":true}' in r.stdout and '{"p10":true}' in r.stdout
+    assert r.returncode == 0 and '{"p1": true}' in r.stdout and '{"p10": true}' in r.stdout
     r = run_pgrag("filter-index", "add", '{"p1": "yes"}', env=env)
     assert r.returncode == 7 and r.stderr.startswith("pgrag: error: filter key 'p1' expects")
     with connect(store_url) as client:
-        assert {i.filter_json for i in client.filter_indexes()} == {'{"p1":true}', '{"p10":true}'}
+        assert {i.filter_json for i in client.filter_indexes()} == {'{"p1": true}', '{"p10": true}'}
         assert client.drop_filter_index('{"p1": true}') is not None
     r = run_pgrag("filter-index", "drop", '{"p1": true}', env=env)
     assert r.returncode == 0 and "no such filter index" in r.stdout
@@ -346,11 +341,10 @@ def test_a_database_with_older_functions_says_to_upgrade(db_url: str) -> None:
     from pgrag.errors import NotMigrated
 
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute("drop function pgrag.filter_index_keys()")  # as before this pgrag
-        s.forget_schemas()
+        conn.execute("drop function pgrag._filter_index_keys()")  # as before this pgrag
         with pytest.raises(NotMigrated, match="run `pgrag db upgrade`"):
             s.search(conn, "anything", filter={"segment": "VIP"}, mode="text")
-    migrate.refresh_idempotent(db_url)  # what `pgrag db upgrade` does at head
+    migrate.upgrade(db_url)  # what `pgrag db upgrade` does at head
     with (
         psycopg.connect(db_url, autocommit=True) as conn,
         pytest.raises(InvalidFilter, match="unknown filter key 'segment'"),  # it got that far

@@ -429,7 +429,7 @@ def test_a_reader_role_that_would_see_every_tenant_is_refused(empty_db_url: str)
         conn.execute("grant pgrag_t_w2 to pgrag_t_r2")
     try:
         with pytest.raises(PgragError, match="pgrag_t_r2 is a member of pgrag_t_w2"):
-            migrate.refresh_idempotent(empty_db_url)
+            migrate.upgrade(empty_db_url)
     finally:
         with psycopg.connect(empty_db_url, autocommit=True) as conn:
             conn.execute("revoke pgrag_t_w2 from pgrag_t_r2")

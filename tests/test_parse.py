@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgrag.filters import compile_filter, union_schema
+from pgrag.filters import check_filter, value_fits
 from pgrag.parse import (
     CUSTOMER_PROFILE,
     ORDER_DETAIL,
@@ -20,6 +20,7 @@ from pgrag.parse import (
     parse_question,
 )
 from tests.chat_server import ChatServer, Reply, unused_port_url
+from tests.shop_fixture import load_tiny_shop
 
 TODAY = dt.date(2024, 6, 15)
 CATEGORIES = ["Books", "Electronics", "Toys", "Home & Kitchen", "Clothing"]
@@ -29,8 +30,14 @@ def parse(question: str, **kwargs: Any) -> ParsedQuery:
     kwargs.setdefault("categories", CATEGORIES)
     kwargs.setdefault("today", TODAY)
     parsed = parse_question(question, **kwargs)
-    # Every rule-based filter is valid for the document types it prefers.
-    compile_filter(parsed.filter, union_schema(SHOP_SCHEMAS[d] for d in parsed.doc_types))
+    # Every rule-based filter uses keys of the document types it prefers, with their types
+    # (the server checks the whole filter: test_rule_filters_pass_the_servers_check).
+    schema = {k: v for d in parsed.doc_types for k, v in SHOP_SCHEMAS[d].items()}
+    for key, value in parsed.filter.items():
+        operands = value.values() if isinstance(value, dict) else [value]
+        for operand in operands:
+            for one in operand if isinstance(operand, list) else [operand]:
+                assert value_fits(schema[key], one), (key, one)
     assert parsed.search_text == question
     return parsed
 
@@ -238,11 +245,32 @@ def test_a_key_the_document_type_lacks_is_dropped_with_a_note() -> None:
 # ---- the LLM parser ----
 
 
-def llm_parser(url: str) -> LLMParser:
-    return LLMParser(base_url=url, model="tiny-parser", api_key="test-key")
+@pytest.fixture
+def shop(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+    load_tiny_shop(conn)
+    return conn
 
 
-def test_llm_proposal_is_validated_and_used() -> None:
+def llm_parser(url: str, conn: psycopg.Connection[Any]) -> LLMParser:
+    return LLMParser(
+        base_url=url,
+        model="tiny-parser",
+        api_key="test-key",
+        check=lambda flt, doc_types: check_filter(conn, flt, doc_types),
+    )
+
+
+def test_rule_filters_pass_the_servers_check(shop: psycopg.Connection[Any]) -> None:
+    for question in (
+        "VIP customers who returned Electronics in January 2024",
+        "Undelivered orders of customer 123 last 3 months",
+        "How much did Regular and New customers spend on Books since March 2024?",
+    ):
+        parsed = parse(question)
+        check_filter(shop, parsed.filter, parsed.doc_types)
+
+
+def test_llm_proposal_is_validated_and_used(shop: psycopg.Connection[Any]) -> None:
     proposal = {
         "filter": {"segment": "VIP", "total": {"$gte": 100}},
         "doc_types": ["order_detail"],
@@ -252,7 +280,7 @@ def test_llm_proposal_is_validated_and_used() -> None:
         "customer_id": None,
     }
     with ChatServer([Reply(content=json.dumps(proposal))]) as server:
-        p = llm_parser(server.url).parse(
+        p = llm_parser(server.url, shop).parse(
             "Big VIP orders: how much?", categories=CATEGORIES, today=TODAY
         )
     assert p.parser == "llm"
@@ -286,9 +314,11 @@ def test_llm_proposal_is_validated_and_used() -> None:
         ('{"filter": {}, "needs_stats": "yes"}', "needs_stats must be true or false"),
     ],
 )
-def test_invalid_llm_proposals_fall_back_to_rules(content: str, why: str) -> None:
+def test_invalid_llm_proposals_fall_back_to_rules(
+    shop: psycopg.Connection[Any], content: str, why: str
+) -> None:
     with ChatServer([Reply(content=content)]) as server:
-        p = llm_parser(server.url).parse(
+        p = llm_parser(server.url, shop).parse(
             "Who among VIP customers has many returns?", categories=CATEGORIES, today=TODAY
         )
     assert p.parser == "rules"
@@ -297,12 +327,14 @@ def test_invalid_llm_proposals_fall_back_to_rules(content: str, why: str) -> Non
     assert "rejected" in note and why in note and "rule-based" in note
 
 
-def test_endpoint_errors_fall_back_to_rules() -> None:
+def test_endpoint_errors_fall_back_to_rules(shop: psycopg.Connection[Any]) -> None:
     with ChatServer([Reply(status=500, error="boom")]) as server:
-        p = llm_parser(server.url).parse("VIP customers", categories=CATEGORIES, today=TODAY)
+        p = llm_parser(server.url, shop).parse("VIP customers", categories=CATEGORIES, today=TODAY)
     assert p.parser == "rules" and p.filter == {"segment": "VIP"}
     assert "LLM parser not used" in p.notes[0] and "InternalServerError" in p.notes[0]
 
-    p = llm_parser(unused_port_url()).parse("VIP customers", categories=CATEGORIES, today=TODAY)
+    p = llm_parser(unused_port_url(), shop).parse(
+        "VIP customers", categories=CATEGORIES, today=TODAY
+    )
     assert p.parser == "rules"
     assert "APIConnectionError" in p.notes[0]

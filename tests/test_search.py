@@ -18,13 +18,16 @@ from pgrag import synthetic
 from pgrag.embed.base import Embedder, get_embedder
 from pgrag.errors import ConfigError, DimensionMismatch, DocumentError, InvalidFilter, ModelMismatch
 
+from .search_plan import plan as _plan
+from .search_plan import run_plan as _run_plan
+from .search_plan import settings as _settings
 from .shop_fixture import load_tiny_shop
 
 DIM = 384
 ROWS = 20_000
 FILTERS = {"100%": {"all": True}, "10%": {"p10": True}, "1%": {"p1": True}, "0.1%": {"p01": True}}
 SCHEMA = {"all": "boolean", "p10": "boolean", "p1": "boolean", "p01": "boolean", "topic": "integer"}
-SCAN = -3  # the statement's columns end with scan, stats, stats_cached
+SCAN = -1  # pgrag.search_hit ends with scan
 
 
 def _mixture(rng: np.random.Generator, centers: Any, n: int) -> Any:
@@ -81,9 +84,7 @@ def test_filtered_search_returns_k_rows_with_recall(synthetic_url: str, label: s
     with psycopg.connect(synthetic_url) as conn:
         for q in qs:
             truth = _exact(conn, q, flt)
-            res = s.search(
-                conn, vector=q, model="synthetic", filter=flt, mode="vector", schema=SCHEMA
-            )
+            res = s.search(conn, vector=q, model="synthetic", filter=flt, mode="vector")
             conn.rollback()
             ids = [h.id for h in res.hits]
             assert len(ids) == 10
@@ -103,70 +104,41 @@ def test_filtered_search_returns_k_rows_with_recall(synthetic_url: str, label: s
         assert np.mean(bare_counts) < 10
 
 
-def _explain(conn: psycopg.Connection[Any], req: s.SearchRequest) -> str:
-    stmt = psycopg.sql.SQL("explain (analyze, costs off) ") + s.build_statement(req)
-    return "\n".join(r[0] for r in conn.execute(stmt, req.params, prepare=False).fetchall())
-
-
-def _vector_request(q: Any, flt: dict[str, Any], **kw: Any) -> s.SearchRequest:
-    args: dict[str, Any] = {
-        "mode": "vector",
-        "text": None,
-        "vector": q,
-        "model": None,
-        "filter": flt,
-        "schema": SCHEMA,
-        "doc_types": None,
-        "k": 10,
-        "stats": False,
-        "match": "all",
-        "candidates": None,
-        "ef_search": None,
-        "exact_threshold": s.EXACT_THRESHOLD,
-        "rrf_k": s.RRF_K,
-        "fts_limit": s.FTS_LIMIT,
-    }
-    return s.make_request(**(args | kw))
-
-
 def test_a_filter_the_planner_expects_to_be_large_is_not_counted(synthetic_url: str) -> None:
     q = _queries(1)[0]
     with psycopg.connect(synthetic_url) as conn:
-        est = conn.execute(
-            "select pgrag.estimate_rows($$c.metadata @> '{\"p10\": true}'::jsonb$$)"
-        ).fetchone()
-        assert est is not None and 1_000 <= est[0] <= 4_000  # 2,000 rows match
+        plan = _plan(conn, q, {"p10": True}, exact_threshold=1_000)
+        assert 1_000 <= plan["estimate"] <= 4_000  # 2,000 rows match
         # 10% of 20,000 = 2,000 rows: counted at threshold 1,000 (estimate < 5 x 1,000) ...
-        plan = _explain(conn, _vector_request(q, {"p10": True}, exact_threshold=1_000))
-        assert "Bitmap Heap Scan" in plan.split("CTE vec_index")[0]
-        assert "(never executed)" not in plan.split("CTE vec_index")[0]
+        _settings(conn, plan)
+        text = "\n".join(r[0] for r in _run_plan(conn, q, plan, explain=True))
+        assert "Bitmap Heap Scan" in text.split("CTE vec_index")[0]
+        assert "(never executed)" not in text.split("CTE vec_index")[0]
         # ... not counted at threshold 200 (estimate >= 5 x 200): the index runs at once
-        plan = _explain(conn, _vector_request(q, {"p10": True}, exact_threshold=200))
-        counted = plan.split("CTE counted")[1].split("CTE vec_index")[0]
-        assert "(never executed)" in counted and "Index Scan using chunks_embedding_hnsw" in plan
-        with pytest.raises(psycopg.errors.InvalidCursorDefinition, match="multi-query"):
-            conn.execute("select pgrag.estimate_rows('true; select 1')")
+        plan = _plan(conn, q, {"p10": True}, exact_threshold=200)
+        text = "\n".join(r[0] for r in _run_plan(conn, q, plan, explain=True))
+        counted = text.split("CTE counted")[1].split("CTE vec_index")[0]
+        assert "matched" not in counted  # folded away: nothing counted
+        assert "Index Scan using chunks_embedding_hnsw" in text
+        conn.rollback()
 
 
 def test_every_vector_search_walks_the_graph_iteratively(synthetic_url: str) -> None:
     """Even without a filter: under row-level security a reader's search still filters, and a
-    plain scan stops at ef_search rows (a tenant with 10% of the chunks got 4 of 10)."""
-    q = _queries(1)[0]
+    plain scan stops at ef_search rows (a tenant with 10% of the chunks got 4 of 10). Every
+    search function runs pgrag._search, whose SET clause turns the iterative scan on."""
     with psycopg.connect(synthetic_url) as conn:
-        for flt in ({}, {"p10": True}):
-            req = _vector_request(q, flt)
-            conn.execute(s.SETTINGS, req.params)
-            assert conn.execute("show hnsw.iterative_scan").fetchone() == ("relaxed_order",)
-            conn.rollback()
-        # the SQL functions too (their SET clause)
         row = conn.execute(
-            "select proconfig from pg_proc where oid = 'pgrag.run_search'::regproc"
+            "select proconfig from pg_proc where oid = 'pgrag._search'::regproc"
         ).fetchone()
         assert row is not None and "hnsw.iterative_scan=relaxed_order" in row[0]
-        src = conn.execute(
-            "select prosrc from pg_proc where oid = 'pgrag.run_search'::regproc"
-        ).fetchone()
-        assert src is not None and "iterative_scan" not in src[0]
+        bodies = conn.execute(
+            "select p.proname, p.prosrc from pg_proc p "
+            "where p.pronamespace = 'pgrag'::regnamespace and p.prorettype = "
+            "'pgrag.search_hit'::regtype and p.proname not in ('_search', 'search')"
+        ).fetchall()
+        assert {r[0] for r in bodies} == {"vector_search", "hybrid_search", "text_search"}
+        assert all("pgrag._search(" in r[1] for r in bodies)
 
 
 def test_the_query_vector_reaches_any_cursor_and_connection(synthetic_url: str) -> None:
@@ -207,16 +179,16 @@ def test_an_index_scan_that_comes_back_short_falls_back_to_the_exact_scan(
     qs = _queries(5)
     with psycopg.connect(synthetic_url) as conn:
         for q in qs:
-            req = _vector_request(q, {"p1": True}, exact_threshold=1)  # the index first
+            plan = _plan(conn, q, {"p1": True}, exact_threshold=1)  # the index first
             conn.execute("set local enable_bitmapscan = off")
-            conn.execute(s.SETTINGS, req.params | {"max_scan_tuples": "50"})
-            rows = conn.execute(s.build_statement(req), req.params).fetchall()
+            _settings(conn, plan, **{"hnsw.max_scan_tuples": 50})
+            rows = _run_plan(conn, q, plan)
             conn.rollback()
             assert [r[SCAN] for r in rows] == ["exact"] * 10
             assert [r[0] for r in rows] == _exact(conn, q, {"p1": True})
             conn.execute("set local enable_bitmapscan = off")
-            conn.execute(s.SETTINGS, req.params)  # enough tuples: the index finds them
-            rows = conn.execute(s.build_statement(req), req.params).fetchall()
+            _settings(conn, plan)  # enough tuples: the index finds them
+            rows = _run_plan(conn, q, plan)
             conn.rollback()
             assert len(rows) == 10 and rows[0][SCAN] == "index"
 
@@ -236,9 +208,9 @@ def test_chunks_without_a_vector_never_count_as_index_candidates(synthetic_url: 
         ).fetchone()
         assert with_vector is not None and 0 < with_vector[0] < 150
         conn.execute("set local enable_indexscan = off")
-        req = _vector_request(q, {"p1": True}, k=150, candidates=200, exact_threshold=50)
-        conn.execute(s.SETTINGS, req.params)
-        rows = conn.execute(s.build_statement(req), req.params).fetchall()
+        plan = _plan(conn, q, {"p1": True}, k=150, candidates=200, exact_threshold=50)
+        _settings(conn, plan)
+        rows = _run_plan(conn, q, plan)
         assert len(rows) == with_vector[0] and all(r[6] is not None for r in rows)
         assert {r[SCAN] for r in rows} == {"exact"}
 
@@ -251,23 +223,23 @@ def test_words_in_most_chunks_of_a_large_store_are_left_out_of_any_word_search(
     A threshold too large for 32-bit arithmetic still works (it means: always exact)."""
     q = _queries(1)[0]
     with psycopg.connect(synthetic_url) as conn:
-        common = conn.execute("select pgrag.common_lexemes(0.05, 1000)").fetchone()
+        common = conn.execute("select pgrag._common_lexemes(0.05, 1000)").fetchone()
         assert common is not None and "chunk" in common[0] and "item3" not in common[0]
-        assert conn.execute("select pgrag.common_lexemes(0.05, 1000000)").fetchone() == ([],)
+        assert conn.execute("select pgrag._common_lexemes(0.05, 1000000)").fetchone() == ([],)
         tsq = conn.execute(
-            "select pgrag.search_tsquery('chunks about item3', 'any', %s)", (common[0],)
+            "select pgrag._search_tsquery('chunks about item3', 'any', %s)", (common[0],)
         ).fetchone()
         assert tsq == ("'item3'",)
         # a question of common words only keeps them all: slower, not empty
         only_common = conn.execute(
-            "select pgrag.search_tsquery('chunks', 'any', %s)", (common[0],)
+            "select pgrag._search_tsquery('chunks', 'any', %s)", (common[0],)
         ).fetchone()
         assert only_common == ("'chunk'",)
         # `all` is the user's own web search syntax: nothing dropped
         assert conn.execute(
-            "select pgrag.search_tsquery('chunks', 'all', %s)", (common[0],)
+            "select pgrag._search_tsquery('chunks', 'all', %s)", (common[0],)
         ).fetchone() == ("'chunk'",)
-        res = s.search(conn, "chunks about item3", vector=q, model="synthetic", schema=SCHEMA)
+        res = s.search(conn, "chunks about item3", vector=q, model="synthetic")
         texts = [h.text for h in res.hits if h.text_rank is not None]
         assert texts and all("item3 " in t for t in texts)
         rows = conn.execute(
@@ -278,37 +250,85 @@ def test_words_in_most_chunks_of_a_large_store_are_left_out_of_any_word_search(
         assert [r[0] for r in rows] == ["exact"] * 10
 
 
-def test_sql_functions_equal_python_for_containment_filters(synthetic_url: str) -> None:
-    qs = _queries(4)
+# One filter per operator of the language (and its logic), for the parity test below.
+EVERY_OPERATOR: list[dict[str, Any] | None] = [
+    None,
+    {"p10": True},
+    {"p1": True, "topic": 3},
+    {"topic": {"$eq": 7}},
+    {"topic": {"$ne": 7}, "p10": True},
+    {"topic": {"$gt": 90}},
+    {"topic": {"$gte": 10, "$lt": 12}},
+    {"topic": {"$lte": 2}},
+    {"topic": {"$in": [1, 2, 3]}},
+    {"topic": {"$nin": [1, 2, 3]}, "p1": True},
+    {"$or": [{"p01": True}, {"topic": 5}]},
+    {"$and": [{"p10": True}, {"topic": {"$lt": 50}}]},
+    {"$not": {"p10": True}, "topic": 1},
+    {"doc_type": "synthetic", "p1": True},
+    {"doc_type": {"$in": ["synthetic"]}, "topic": {"$gt": 98}},
+]
+
+
+@pytest.mark.parametrize("flt", EVERY_OPERATOR, ids=[json.dumps(f) for f in EVERY_OPERATOR])
+def test_the_sql_api_equals_python_for_every_operator_and_mode(
+    synthetic_url: str, flt: dict[str, Any] | None
+) -> None:
+    """Python runs the SQL API's statement; a SQL caller gets the same rows, every mode."""
+    q = _queries(1)[0]
+    text = "item3 colour4"
+    jf = None if flt is None else json.dumps(flt)
+    vec = q.tolist()
+
+    def sql_rows(query: Any, params: tuple[Any, ...]) -> list[tuple[int, float]]:
+        rows = conn.execute(query, params).fetchall()
+        return [(r[0], pytest.approx(r[1])) for r in rows]
+
     with psycopg.connect(synthetic_url) as conn:
-        for flt in (None, {"p10": True}, {"p1": True, "topic": 3}):
-            for q in qs:
-                text = "item3 colour4"
-                jf = None if flt is None else json.dumps(flt)
-                py = s.search(
-                    conn, vector=q, model="synthetic", filter=flt, mode="vector", schema=SCHEMA
-                )
-                rows = conn.execute(
-                    "select id, score from pgrag.search(%s::real[]::vector, 10, %s::jsonb)",
-                    (q.tolist(), jf),
-                ).fetchall()
-                assert [h.id for h in py.hits] == [r[0] for r in rows]
-                assert [h.score for h in py.hits] == pytest.approx([r[1] for r in rows])
-                py = s.search(conn, text, vector=q, model="synthetic", filter=flt, schema=SCHEMA)
-                rows = conn.execute(
-                    "select id, text_rank from pgrag.hybrid_search(%s, %s::real[]::vector, 10, "
-                    "%s::jsonb)",
-                    (text, q.tolist(), jf),
-                ).fetchall()
-                assert [(h.id, h.text_rank) for h in py.hits] == [tuple(r) for r in rows]
-                assert any(h.text_rank for h in py.hits)
-                py = s.search(conn, text, filter=flt, mode="text", schema=SCHEMA)
-                rows = conn.execute(
-                    "select id from pgrag.text_search(%s, 10, %s::jsonb)", (text, jf)
-                ).fetchall()
-                assert [h.id for h in py.hits] == [r[0] for r in rows]
-                assert py.scan == "text" and (py.hits or flt is not None)
-                conn.rollback()
+        py = s.search(conn, vector=q, model="synthetic", filter=flt, mode="vector")
+        want = [(h.id, h.score) for h in py.hits]
+        for query in (
+            "select id, score from pgrag.vector_search(%s::real[]::vector, 10, %s::jsonb)",
+            "select id, score from pgrag.search(%s::real[]::vector, 10, %s::jsonb)",
+        ):
+            assert sql_rows(query, (vec, jf)) == want
+        assert (
+            sql_rows(
+                "select id, score from pgrag.search(null, %s::real[]::vector, 10, %s::jsonb, "
+                "mode => 'vector')",
+                (vec, jf),
+            )
+            == want
+        )
+
+        py = s.search(conn, text, vector=q, model="synthetic", filter=flt)
+        want = [(h.id, h.score) for h in py.hits]
+        assert (
+            sql_rows(
+                "select id, score from pgrag.hybrid_search(%s, %s::real[]::vector, 10, %s::jsonb)",
+                (text, vec, jf),
+            )
+            == want
+        )
+        assert (
+            sql_rows(
+                "select id, score from pgrag.search(%s, %s::real[]::vector, 10, %s::jsonb)",
+                (text, vec, jf),
+            )
+            == want
+        )
+
+        py = s.search(conn, text, filter=flt, mode="text")
+        want = [(h.id, h.score) for h in py.hits]
+        assert (
+            sql_rows("select id, score from pgrag.text_search(%s, 10, %s::jsonb)", (text, jf))
+            == want
+        )
+        assert (
+            sql_rows("select id, score from pgrag.search(%s, null, 10, %s::jsonb)", (text, jf))
+            == want
+        )
+        assert py.scan == "text"
 
 
 def test_model_and_dimension_are_checked_in_the_statement(synthetic_url: str) -> None:
@@ -331,56 +351,32 @@ def test_async_search_runs_the_same_statement(synthetic_url: str) -> None:
     async def run() -> s.SearchResult:
         async with await psycopg.AsyncConnection.connect(synthetic_url) as aconn:
             return await s.asearch(
-                aconn, "item3", vector=q, model="synthetic", filter={"p10": True}, schema=SCHEMA
+                aconn, "item3", vector=q, model="synthetic", filter={"p10": True}
             )
 
     got = asyncio.run(run())
     with psycopg.connect(synthetic_url) as conn:
-        want = s.search(
-            conn, "item3", vector=q, model="synthetic", filter={"p10": True}, schema=SCHEMA
-        )
+        want = s.search(conn, "item3", vector=q, model="synthetic", filter={"p10": True})
     assert [h.id for h in got.hits] == [h.id for h in want.hits]
 
 
-def test_statement_binds_every_value() -> None:
-    req = s.make_request(
-        mode="hybrid",
-        text="x'); drop table t; --",
-        vector=[0.1] * 4,
-        model="m",
-        filter={"segment": "it's"},
-        schema={"segment": "text"},
-        doc_types=["order_detail"],
-        k=5,
-        stats=True,
-        match="any",
-        candidates=None,
-        ef_search=None,
-        exact_threshold=2000,
-        rrf_k=60,
-        fts_limit=100,
-    )
-    text = s.build_statement(req).as_string(None)
-    assert "drop table" not in text and "it's" not in text and "order_detail" not in text
-    assert "%(qvec)s" in text and "%(pgrag_f0)s" in text
-    with pytest.raises(ConfigError, match="k = 0"):
-        s.make_request(
-            mode="vector",
-            text=None,
-            vector=[1.0],
-            model=None,
-            filter=None,
-            schema=None,
-            doc_types=None,
-            k=0,
-            stats=False,
-            match="all",
-            candidates=None,
-            ef_search=None,
-            exact_threshold=1,
-            rrf_k=60,
-            fts_limit=1,
-        )
+def test_every_value_is_bound_or_quoted(synthetic_url: str) -> None:
+    """A search's text, filter keys and values and type names reach SQL only as parameters or
+    quoted literals; an argument out of range is one error naming the range."""
+    q = _queries(1)[0]
+    with psycopg.connect(synthetic_url, autocommit=True) as conn:
+        conn.execute("create table canary (id int)")
+        hostile = "x'); drop table canary; --"
+        s.search(conn, hostile, vector=q, model="synthetic", filter={"topic": {"$in": [1]}})
+        with pytest.raises(InvalidFilter):
+            s.search(conn, hostile, vector=q, model="synthetic", filter={hostile: 1})
+        with pytest.raises(DocumentError, match="is not declared"):
+            s.search(conn, hostile, vector=q, model="synthetic", doc_types=[hostile])
+        assert conn.execute("select to_regclass('canary') is not null").fetchone() == (True,)
+        with pytest.raises(ConfigError, match=r"k = 0 is out of range.*1 to 10,000"):
+            s.search(conn, vector=q, mode="vector", k=0)
+        with pytest.raises(ConfigError, match="candidates = 2147483647 is out of range"):
+            s.search(conn, vector=q, mode="vector", candidates=2**31 - 1)
 
 
 # ---- the tiny shop, embedded with the real default model ----
@@ -407,7 +403,6 @@ def _embed_all(conn: psycopg.Connection[Any], embedder: Embedder) -> None:
 def shop(conn: psycopg.Connection[Any], embedder: Embedder) -> psycopg.Connection[Any]:
     load_tiny_shop(conn)
     _embed_all(conn, embedder)
-    s.forget_schemas()
     return conn
 
 
@@ -477,9 +472,9 @@ def test_stats_python_equals_sql_and_counts_every_matching_row(
     res = s.search(shop, "zzzz", filter={"customer_id": 999}, mode="text", stats=True)
     assert res.hits == () and res.stats is not None
     assert res.stats["order_detail"]["order_count"] == 0
-    # one pass over the filter (pgrag.doc_type_stats_where) = the id list of pgrag.stats
+    # one pass over the filter (pgrag._doc_type_stats_where) = the id list of pgrag.stats
     one_pass = shop.execute(
-        "select pgrag.doc_type_stats_where('order_detail', %s)",
+        "select pgrag._doc_type_stats_where('order_detail', %s)",
         ("""c.metadata @> '{"segment": "VIP"}'::jsonb""",),
     ).fetchone()
     assert one_pass is not None and one_pass[0] == py["order_detail"]
@@ -488,7 +483,7 @@ def test_stats_python_equals_sql_and_counts_every_matching_row(
         shop.transaction(),
     ):
         shop.execute(
-            "select pgrag.doc_type_stats_where('order_detail', %s)",
+            "select pgrag._doc_type_stats_where('order_detail', %s)",
             ("true)) select 1; with hits as (select c.* from pgrag.chunks c where (true",),
         )
 
@@ -496,9 +491,9 @@ def test_stats_python_equals_sql_and_counts_every_matching_row(
 def test_invalid_filters_and_stats_declarations_are_one_line_errors(
     shop: psycopg.Connection[Any],
 ) -> None:
-    with pytest.raises(InvalidFilter, match="colour"):
+    with pytest.raises(InvalidFilter, match="colour"), shop.transaction():
         s.search(shop, "x", filter={"colour": "red"}, mode="text")
-    with pytest.raises(InvalidFilter, match="not declared"):
+    with pytest.raises(DocumentError, match="not declared"), shop.transaction():
         s.search(shop, "x", filter={"segment": "VIP"}, doc_types=["nope"], mode="text")
     with pytest.raises(DocumentError, match="does not work over no rows"), shop.transaction():
         s.declare_stats(shop, "order_detail", "select count(*) from shop.nothing")

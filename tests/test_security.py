@@ -25,15 +25,15 @@ from pgvector.psycopg import register_vector
 from psycopg import sql
 
 from pgrag import migrate
-from pgrag import search as s
 from pgrag.answer import Context, LLMConfig, build_prompt
 from pgrag.ask import ask, forget_catalog
 from pgrag.db import Client
 from pgrag.errors import ConfigError, DocumentError, InvalidFilter
-from pgrag.filters import compile_filter
+from pgrag.filters import check_filter
 from pgrag.security import bind_tenant_role, tenant_scope
 from pgrag.worker import Worker
 
+from . import search_plan
 from .chat_server import ChatServer, Reply
 from .conftest import REPO, TestServer, create_database, drop_database
 from .embed_server import default_embedder
@@ -207,40 +207,36 @@ def test_a_reader_gets_k_rows_when_the_index_stops_short(crm: Crm) -> None:
     q = crm.vectors[min(crm.vectors)]
     seen = [i for i in crm.vectors if _visible(crm, "acme", i)]
     exact = sorted(seen, key=lambda i: (1 - float(np.dot(q, crm.vectors[i])), i))[:10]
-    req = s.make_request(
-        mode="vector", text=None, vector=q, model=crm.model, filter=None, schema=None,
-        doc_types=None, k=10, stats=False, match="any", candidates=None, ef_search=None,
-        exact_threshold=s.EXACT_THRESHOLD, rrf_k=s.RRF_K, fts_limit=s.FTS_LIMIT,
-    )  # fmt: skip
     with psycopg.connect(as_role(crm.url, READER)) as conn:
         conn.execute("select set_config('pgrag.tenant', 'acme', false)")
         conn.execute(HNSW_ONLY)  # the HNSW index, as in a large store
+        plan = search_plan.plan(conn, q, {})
         # a first walk of 20 candidates (about 8 the reader may see), then at most 3 more
-        short = {"ef_search": 20, "ef_tuned": False, "max_scan_tuples": "3"}
-        conn.execute(s.SETTINGS, req.params | short)
-        rows = conn.execute(s.build_statement(req), req.params).fetchall()
-    assert [r[0] for r in rows] == exact and {r[-3] for r in rows} == {"exact"}
+        search_plan.settings(conn, plan, **{"hnsw.ef_search": 20, "hnsw.max_scan_tuples": 3})
+        rows = search_plan.run_plan(conn, q, plan)
+    assert [r[0] for r in rows] == exact and {r[-1] for r in rows} == {"exact"}
     with psycopg.connect(as_role(crm.url, READER)) as conn:  # enough tuples: the index
         conn.execute("select set_config('pgrag.tenant', 'acme', false)")
         conn.execute(HNSW_ONLY)
-        conn.execute(s.SETTINGS, req.params)
-        rows = conn.execute(s.build_statement(req), req.params).fetchall()
-    assert len(rows) == 10 and {r[-3] for r in rows} == {"index"}
+        plan = search_plan.plan(conn, q, {})
+        search_plan.settings(conn, plan)
+        rows = search_plan.run_plan(conn, q, plan)
+    assert len(rows) == 10 and {r[-1] for r in rows} == {"index"}
 
 
 def test_common_words_are_read_for_the_writer_and_not_for_a_reader(crm: Crm) -> None:
     """pg_stats hides chunks' statistics from any role row-level security applies to, the
-    writer included: pgrag.common_lexemes reads them for the roles that see every tenant and
+    writer included: pgrag._common_lexemes reads them for the roles that see every tenant and
     gives a reader none (the commonest words of all tenants' chunks are not its to know)."""
     with psycopg.connect(crm.url, autocommit=True) as conn:
         conn.execute("analyze pgrag.chunks")
-        owner = conn.execute("select pgrag.common_lexemes(0.05, 1)").fetchone()
+        owner = conn.execute("select pgrag._common_lexemes(0.05, 1)").fetchone()
     assert owner is not None and "issu" in owner[0]  # every ticket says "issue"
     with psycopg.connect(as_role(crm.url, WRITER)) as conn:
-        assert conn.execute("select pgrag.common_lexemes(0.05, 1)").fetchone() == owner
+        assert conn.execute("select pgrag._common_lexemes(0.05, 1)").fetchone() == owner
     with psycopg.connect(as_role(crm.url, READER)) as conn:
         conn.execute("select set_config('pgrag.tenant', 'globex', false)")
-        assert conn.execute("select pgrag.common_lexemes(0.05, 1)").fetchone() == ([],)
+        assert conn.execute("select pgrag._common_lexemes(0.05, 1)").fetchone() == ([],)
         hidden = conn.execute(
             "select count(*) from pg_stats where schemaname = 'pgrag' and tablename = 'chunks'"
         ).fetchone()
@@ -262,7 +258,7 @@ def test_the_writer_declares_renders_and_embeds_but_reads_only_what_it_was_grant
         conn.rollback()
         owner = conn.execute(
             "select proowner::regrole::text, prosecdef from pg_proc "
-            "where oid = 'pgrag.reader_doc_type_stats(text, bigint[])'::regprocedure"
+            "where oid = 'pgrag._reader_doc_type_stats(text, bigint[])'::regprocedure"
         ).fetchone()
     assert owner == (WRITER, True)  # stats run with the writer's privileges, never more
 
@@ -331,21 +327,22 @@ def _check_stats(
     crm: Crm, tenant: str | None, flt: dict[str, Any], doc_types: Any, got: dict[str, Any]
 ) -> None:
     """The reader's statistics = the writer's over exactly the chunks that tenant may see."""
-    schema = s.schema_for(SCHEMAS, doc_types)
-    req = s.make_request(
-        mode="text", text="x", vector=None, model=None, filter=flt, schema=schema,
-        doc_types=doc_types, k=1, stats=True, match="all", candidates=None, ef_search=None,
-        exact_threshold=1, rrf_k=60, fts_limit=1,
-    )  # fmt: skip
     with psycopg.connect(as_role(crm.url, WRITER)) as conn:
-        query = sql.SQL("select c.id from pgrag.chunks c where {}").format(req.where)
-        ids = [r[0] for r in conn.execute(query, req.params)]
+        row = conn.execute(
+            "select pgrag.check_filter(%s::jsonb, %s::text[])", (json.dumps(flt), doc_types)
+        ).fetchone()
+        assert row is not None
+        condition = str(row[0]).replace("%", "%%")
+        query = b"select c.id from pgrag.chunks c where " + condition.encode()
+        if doc_types is not None:
+            query += b" and c.doc_type = any(%s)"
+        ids = [r[0] for r in conn.execute(query, [doc_types] if doc_types is not None else [])]
         visible = [i for i in ids if _visible(crm, tenant, i)]
         want = {}
         for doc_type in ("crm_account", "crm_ticket"):
             if doc_types is None or doc_type in doc_types:
                 row = conn.execute(
-                    "select pgrag.doc_type_stats(%s, %s)", (doc_type, visible)
+                    "select pgrag._doc_type_stats(%s, %s)", (doc_type, visible)
                 ).fetchone()
                 want[doc_type] = row[0] if row else None
     assert got == want
@@ -380,10 +377,10 @@ def test_no_query_filter_or_k_returns_another_tenants_row(
 ) -> None:
     CASES_RUN["isolation"] = CASES_RUN.get("isolation", 0) + 1
     try:
-        s.schema_for(SCHEMAS, doc_types)
-        compile_filter(flt, s.schema_for(SCHEMAS, doc_types))
+        with psycopg.connect(as_role(crm.url, READER)) as conn:
+            check_filter(conn, flt, doc_types)
     except InvalidFilter:
-        return  # a filter on keys the searched types lack is refused before any SQL runs
+        return  # a filter on keys the searched types lack is refused before any search runs
     vector = np.random.default_rng(seed).standard_normal(384).astype(np.float32)
     text = " ".join(words)
     if via == "client":
@@ -399,10 +396,7 @@ def test_no_query_filter_or_k_returns_another_tenants_row(
         context = client.context(ids[0], tenant=call_tenant) if ids else []
         ids += [c.id for c in context]
         texts += [c.text for c in context]
-    else:  # the SQL functions, with a containment filter
-        containment = {
-            k_: v for k_, v in flt.items() if isinstance(v, int | str) and k_ != "doc_type"
-        }
+    else:  # the SQL functions, with the same filter
         with psycopg.connect(as_role(crm.url, READER)) as conn:
             register_vector(conn)
             if tenant is not None:
@@ -410,20 +404,20 @@ def test_no_query_filter_or_k_returns_another_tenants_row(
             fn = {
                 "hybrid": "select id, text, parent_text from pgrag.hybrid_search("
                 "%(t)s, %(v)s, %(k)s, %(f)s::jsonb, %(d)s)",
-                "vector": "select id, text, parent_text from pgrag.search("
+                "vector": "select id, text, parent_text from pgrag.vector_search("
                 "%(v)s, %(k)s, %(f)s::jsonb, %(d)s)",
                 "text": "select id, text, parent_text from pgrag.text_search("
                 "%(t)s, %(k)s, %(f)s::jsonb, %(d)s, 'any')",
             }[mode]
-            params = {"t": text, "v": vector, "k": k, "f": json.dumps(containment), "d": doc_types}
+            params = {"t": text, "v": vector, "k": k, "f": json.dumps(flt), "d": doc_types}
             rows = conn.execute(fn, params).fetchall()
             ids = [r[0] for r in rows]
             texts = [r[1] + (r[2] or "") for r in rows]
             stats = conn.execute(
-                "select pgrag.stats(%s::jsonb, %s)", (json.dumps(containment), doc_types)
+                "select pgrag.stats(%s::jsonb, %s)", (json.dumps(flt), doc_types)
             ).fetchone()
             every = conn.execute(
-                "select pgrag.doc_type_stats('crm_account', "
+                "select pgrag._doc_type_stats('crm_account', "
                 "array(select generate_series(1, 400))::bigint[])"
             ).fetchone()  # a reader passing every id gets its own tenant's numbers only
             for cid in ids[:3]:
@@ -507,7 +501,7 @@ def test_set_role_cannot_escape_the_login_roles_binding(crm: Crm) -> None:
             assert _tenants_seen(conn) == {"acme", None}, step
             assert conn.execute("select pgrag.current_tenant()").fetchone() == ("acme",)
             every = conn.execute(
-                "select pgrag.doc_type_stats('crm_account', "
+                "select pgrag._doc_type_stats('crm_account', "
                 "array(select generate_series(1, 400))::bigint[])"
             ).fetchone()
             assert every is not None
@@ -587,7 +581,7 @@ def test_masked_and_omitted_values_never_reach_chunks(crm: Crm) -> None:
         assert conn.execute("select count(*) from pgrag.verify()").fetchone() == (0,)
 
 
-REDACT = "select pgrag.redact_text(%s, %s::jsonb, %s::jsonb)"
+REDACT = "select pgrag._redact_text(%s, %s::jsonb, %s::jsonb)"
 
 
 @pytest.mark.parametrize(
@@ -765,7 +759,6 @@ JAILBREAKS = (
 @pytest.mark.parametrize("question", JAILBREAKS)
 def test_jailbreak_questions_return_no_masked_or_other_tenant_data(crm: Crm, question: str) -> None:
     forget_catalog()
-    s.forget_schemas()
     embedder = default_embedder()
 
     def obedient(body: dict[str, Any]) -> Reply:
@@ -841,7 +834,7 @@ def test_the_writer_redeclares_and_drops_after_a_migration(db_url: str) -> None:
     with psycopg.connect(as_role(db_url, WRITER)) as conn:
         conn.execute("select pgrag.declare_document('item', %s, %s)", (ITEM_SOURCE, ITEM_WATCH))
         conn.execute("select pgrag.refresh('item')")
-    migrate.refresh_idempotent(db_url)
+    migrate.upgrade(db_url)
     with psycopg.connect(db_url) as conn:
         owners = conn.execute(
             "select proname, proowner::regrole::text from pg_proc "
@@ -870,7 +863,7 @@ def test_a_migration_does_not_plan_a_writers_key_query(db_url: str) -> None:
         )
         watch = '{"items.item": "select id from changed where id >= pgrag.who(1)"}'
         conn.execute("select pgrag.declare_document('item', %s, %s)", (ITEM_SOURCE, watch))
-    migrate.refresh_idempotent(db_url)  # as the superuser: before the fix, "ran as postgres"
+    migrate.upgrade(db_url)  # as the superuser: before the fix, "ran as postgres"
     with psycopg.connect(as_role(db_url, WRITER)) as conn:  # (key queries run as the writer)
         conn.execute("update items.item set body = body || '!' where id = 1")
         conn.commit()

@@ -10,11 +10,11 @@ import psycopg
 import pytest
 from pgvector.psycopg import register_vector
 
-from pgrag import search as s
 from pgrag import synthetic
 from pgrag import tune as t
 from pgrag.errors import ConfigError, PgragError
 
+from . import search_plan
 from .conftest import run_pgrag
 
 DIM = 384
@@ -31,13 +31,12 @@ def _load(url: str, rows: int = ROWS, clusters: int = 50) -> None:
 
 
 def _search_ef(conn: psycopg.Connection[Any], **kw: Any) -> int:
-    """The hnsw.ef_search a search ran with (its settings are local to the transaction)."""
+    """The hnsw.ef_search a vector search runs with (pgrag._search_plan's choice, which
+    pgrag._search sets for its statement)."""
     vec = np.ones(DIM, dtype=np.float32) / np.sqrt(DIM)
-    s.search(conn, vector=vec, model="synthetic", k=10, mode="vector", schema={}, **kw)
-    row = conn.execute("show hnsw.ef_search").fetchone()
+    plan = search_plan.plan(conn, vec, {}, **kw)
     conn.rollback()
-    assert row is not None
-    return int(row[0])
+    return int(plan["ef"])
 
 
 def test_tune_stores_the_smallest_ef_search_reaching_the_target(db_url: str) -> None:

@@ -35,7 +35,7 @@ from .embed_server import (
 )
 
 FAST = RetryPolicy(attempts=3, base_s=0.01, max_s=0.05)
-LOCK_CLASS = 1885827687  # pgrag.chunk_lock_keys(): the advisory lock class of chunk claims
+LOCK_CLASS = 1885827687  # pgrag._chunk_lock_keys(): the advisory lock class of chunk claims
 
 
 @pytest.fixture

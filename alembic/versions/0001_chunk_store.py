@@ -13,7 +13,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    revision_upgrade(revision, "0001_chunk_store.sql")
+    revision_upgrade("0001_chunk_store.sql")
 
 
 def downgrade() -> None:

@@ -13,7 +13,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    revision_upgrade(revision, "0002_documents.sql")
+    revision_upgrade("0002_documents.sql")
 
 
 def downgrade() -> None:

@@ -13,7 +13,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    revision_upgrade(revision, "0003_embeddings.sql")
+    revision_upgrade("0003_embeddings.sql")
 
 
 def downgrade() -> None:

@@ -13,7 +13,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    revision_upgrade(revision, "0004_search.sql")
+    revision_upgrade("0004_search.sql")
 
 
 def downgrade() -> None:

@@ -13,7 +13,7 @@ depends_on = None
 
 
 def upgrade() -> None:
-    revision_upgrade(revision, "0005_eval_runs.sql")
+    revision_upgrade("0005_eval_runs.sql")
 
 
 def downgrade() -> None:

@@ -13,9 +13,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    revision_upgrade(revision, "0006_security.sql")
+    revision_upgrade("0006_security.sql")
 
 
 def downgrade() -> None:
-    # 0006 replaced functions of earlier idempotent files: re-apply 0005's
-    revision_downgrade("0006_security.sql", reapply_up_to="0005")
+    revision_downgrade("0006_security.sql")

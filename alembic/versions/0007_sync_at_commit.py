@@ -13,9 +13,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    revision_upgrade(revision, "0007_sync_at_commit.sql")
+    revision_upgrade("0007_sync_at_commit.sql")
 
 
 def downgrade() -> None:
-    # 0007 changed the generated sync functions of 10_documents.sql: re-apply 0006's files
-    revision_downgrade("0007_sync_at_commit.sql", reapply_up_to="0006")
+    revision_downgrade("0007_sync_at_commit.sql")

@@ -13,9 +13,8 @@ depends_on = None
 
 
 def upgrade() -> None:
-    revision_upgrade(revision, "0008_stats_cache.sql")
+    revision_upgrade("0008_stats_cache.sql")
 
 
 def downgrade() -> None:
-    # 0008 replaced pgrag.doc_type_stats_where of 40_security.sql: re-apply 0007's files
-    revision_downgrade("0008_stats_cache.sql", reapply_up_to="0007")
+    revision_downgrade("0008_stats_cache.sql")

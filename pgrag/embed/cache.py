@@ -129,6 +129,11 @@ class QueryCache:
         with self._lock:
             self._lru.clear()
 
+    def embedder_ready(self) -> bool:
+        """Whether embedding a question costs no model load (an embedder that loads a model
+        on first use says so with ``loaded``; one without a model to load is always ready)."""
+        return bool(getattr(self.embedder, "loaded", True))
+
     # ---- lookups ----
 
     def _params(self, normalized: str) -> dict[str, Any]:

@@ -105,6 +105,11 @@ class OnnxEmbedder:
             self._dimension = int(self.embed(["dimension probe"]).shape[1])
         return self._dimension
 
+    @property
+    def loaded(self) -> bool:
+        """Whether the model is in memory (the first embedding loads it)."""
+        return self._session is not None
+
     def _load(self) -> tuple[Any, Any]:
         with self._lock:
             if self._session is None:

@@ -136,6 +136,11 @@ class SentenceTransformerEmbedder:
         """Load the model now (it loads on first use otherwise)."""
         self._load()
 
+    @property
+    def loaded(self) -> bool:
+        """Whether the model is in memory (the first embedding loads it: seconds)."""
+        return self._model is not None
+
     def embed(self, texts: Sequence[str]) -> Vectors:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)

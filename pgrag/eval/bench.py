@@ -123,8 +123,6 @@ def embed_type(
     cache read), in batches; returns (texts embedded, seconds). ``conn`` is autocommit."""
     from pgvector.psycopg import register_vector
 
-    from pgrag.search import forget_schemas
-
     q = {name: _sql(body) for name, body in named_queries("eval_runs.sql").items()}
     register_vector(conn)
     started = time.perf_counter()
@@ -150,7 +148,6 @@ def embed_type(
             done += len(texts)
             if on_batch is not None:
                 on_batch(len(batch))
-    forget_schemas()
     return done, time.perf_counter() - started
 
 
@@ -200,7 +197,7 @@ def run_strategy_bench(
     from pgrag.embed.base import get_embedder
     from pgrag.sample import load_sample, validate
     from pgrag.sample_documents import declare_sample_documents
-    from pgrag.search import forget_schemas, query_cache_for
+    from pgrag.search import query_cache_for
 
     if load is None:
         validate(customers, seed)
@@ -224,7 +221,6 @@ def run_strategy_bench(
                 f"{loaded.order_items:,} items"
             )
             declare_sample_documents(conn, comparisons=True)
-        forget_schemas()
         forget_catalog()
         from pgrag import documents
 

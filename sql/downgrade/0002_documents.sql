@@ -1,33 +1,15 @@
--- Undo 0002: remove the generated triggers and views first, then the registry.
+-- Undo 0002 (after idempotent.sql removed the triggers and functions): the views pgrag made
+-- from the declarations' queries, then the registry. Dropping a view takes its owner.
 do $$
 declare
-    t record;
+    v regclass;
 begin
-    -- children before parents, however deep
-    for t in with recursive depth(name, level) as (
-                 select d.name, 0 from pgrag.doc_types d where d.parent_type is null
-                 union all
-                 select d.name, depth.level + 1
-                 from pgrag.doc_types d join depth on d.parent_type = depth.name)
-             select name from depth order by level desc, name loop
-        perform pgrag.drop_document(t.name, keep_chunks => true);
+    for v in select d.source from pgrag.doc_types d
+              where d.owns_source and exists (select from pg_class c where c.oid = d.source) loop
+        execute format('drop view %s', v);
     end loop;
 end
 $$;
-drop function if exists pgrag.drop_document(text, boolean);
-drop function if exists pgrag.declare_document(text, text, jsonb, text, jsonb);
-drop function if exists pgrag.declare_document(text, text, jsonb, text, jsonb, text, jsonb);
-drop function if exists pgrag.refresh(text, text[]);
-drop function if exists pgrag.verify(text);
-drop function if exists pgrag.run_sync(text, text[], text, regclass);
-drop function if exists pgrag.sync_function_name(text, regclass);
-drop function if exists pgrag.create_sync_function(text, regclass);
-drop function if exists pgrag.document_keys(text);
-drop function if exists pgrag.create_sync_triggers(text, regclass);
-drop function if exists pgrag.create_render_function(text);
-drop function if exists pgrag.drop_sync_triggers(text, regclass);
-drop function if exists pgrag.check_one_statement(text);
-drop function if exists pgrag.pin_output_settings(text);
 drop table pgrag.doc_watches;
 drop table pgrag.doc_types;
 drop index pgrag.chunks_parent_key;

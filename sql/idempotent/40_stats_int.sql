@@ -1,8 +1,9 @@
--- The statistics cache: a document type's exact statistics for a filter, computed once and
--- reused while no table its declared query reads has changed.
--- Introduced by revision 0008: applied by that revision and every later one.
--- Re-applied by every migration that reaches head. docs/search.md ("The statistics cache")
--- explains the design; this is the argument that a cached result is exact.
+-- Exact statistics, internals: the statement every statistics call runs, the reader's path
+-- (a security definer), and the statistics cache: a type's exact statistics for a filter,
+-- computed once and reused while no table its declared query reads has changed.
+--
+-- The statistics cache. docs/search.md ("The statistics cache") explains the design; this is
+-- the argument that a cached result is exact.
 --
 -- Turned on per document type with pgrag.cache_stats(doc_type). It reads the tables the
 -- declared query depends on (PostgreSQL's own dependency records of a temporary view over it)
@@ -42,34 +43,104 @@
 -- transactions neither read nor store results (the cache's reads would add serialization
 -- conflicts between searches).
 
-create or replace function pgrag.stats_changed()
-returns trigger
-language plpgsql volatile security definer
+create or replace function pgrag._stats_statement(stats_sql text, hits_where text,
+                                                 materialized boolean default false)
+returns text
+language sql immutable parallel safe security invoker
+set search_path = pg_catalog, pg_temp
+-- The one statement every statistics call runs: a type's declared query (stats_sql) over the
+-- CTE hits, its chunks matching hits_where (alias c). The newline ends a `--` comment the
+-- declared query may end with.
+return format(
+    'with hits as %s(select c.id, c.doc_type, c.source_key, c.parent_id, c.parent_key, '
+    'c.metadata, c.text from pgrag.chunks c where %s) '
+    'select s.stats::jsonb from (%s',
+    case when materialized then 'materialized ' else '' end, hits_where, stats_sql)
+    || E'\n) as s(stats)';
+
+comment on function pgrag._stats_statement(text, text, boolean) is
+    'The statement of a statistics call: the declared query over the CTE hits (its columns '
+    'defined here once)';
+
+
+create or replace function pgrag._reader_doc_type_stats(doc_type text, chunk_ids bigint[])
+returns jsonb
+language plpgsql stable security definer
 set search_path = pg_catalog, pg_temp
 as $$
--- security definer, owned by the migrating role: any role that may write a table that cached
--- statistics read records its transaction, without any grant on pgrag's tables. It only
--- inserts the trigger's own table and the top-level transaction id.
+-- security definer, owned by the writer role (below): a reader gets exact aggregates over the
+-- source tables without SELECT on them, which the writer role holds. Why it is safe:
+--   * the query it runs is the type's pgrag.doc_stats.stats_sql, which only the writer role may
+--     declare (pgrag.declare_stats), and it runs with the writer role's privileges, no more;
+--   * the caller's arguments are bound parameters, never spliced into SQL;
+--   * hits holds only the chunks the calling session may see: row-level security does not
+--     apply to the writer role, so the chunks policy is applied here, for the session's role
+--     and tenant (pgrag.current_tenant, pgrag.sees_all_tenants), whatever ids are passed.
+declare
+    body text;
+    result jsonb;
 begin
-    insert into pgrag.stats_changes (relid) values (tg_relid) on conflict do nothing;
-    return null;
+    select s.stats_sql into body
+      from pgrag.doc_stats s where s.doc_type = _reader_doc_type_stats.doc_type;
+    if body is null then
+        return null;
+    end if;
+    execute pgrag._stats_statement(
+        body,
+        'c.id = any($1) and c.doc_type = $2 and (c.tenant is null or c.tenant = $3 or $4)',
+        true)
+        into result using chunk_ids, doc_type, pgrag.current_tenant(), pgrag._sees_all_tenants();
+    return result;
 end
 $$;
 
-comment on function pgrag.stats_changed() is
-    'Statement trigger: record that this transaction wrote a table some cached statistics read';
+comment on function pgrag._reader_doc_type_stats(text, bigint[]) is
+    'A document type''s statistics over the given chunks the session may see; security definer, '
+    'owned by the writer role, so readers need no SELECT on source tables';
+
+
+create or replace function pgrag._doc_type_stats(doc_type text, chunk_ids bigint[])
+returns jsonb
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+-- A session that sees every tenant (the owner, the writer, a superuser) runs the declared query
+-- itself, with its own privileges. Any other (a reader) gets it from
+-- pgrag.reader_doc_type_stats, over the chunks it may see.
+declare
+    body text;
+    result jsonb;
+begin
+    if not pgrag._sees_all_tenants() then
+        return pgrag._reader_doc_type_stats(doc_type, chunk_ids);
+    end if;
+    select s.stats_sql into body from pgrag.doc_stats s where s.doc_type = _doc_type_stats.doc_type;
+    if body is null then
+        return null;
+    end if;
+    execute pgrag._stats_statement(body, 'c.id = any($1) and c.doc_type = $2', true)
+        into result using chunk_ids, doc_type;
+    return result;
+end
+$$;
+
+comment on function pgrag._doc_type_stats(text, bigint[]) is
+    'Run the declared statistics query of a document type over the given chunks (the CTE hits); '
+    'readers through pgrag.reader_doc_type_stats';
+
 
 -- The columns of pgrag.chunks a statistics query may read: those the chunks' trigger watches.
-create or replace function pgrag.stats_chunk_columns()
+create or replace function pgrag._stats_chunk_columns()
 returns text[]
 language sql immutable parallel safe security invoker
 set search_path = pg_catalog, pg_temp
 return '{id,doc_type,source_key,parent_id,parent_key,text,metadata,tenant}'::text[];
 
-comment on function pgrag.stats_chunk_columns() is
+comment on function pgrag._stats_chunk_columns() is
     'The columns of pgrag.chunks whose writes invalidate cached statistics';
 
-create or replace function pgrag.stats_query_tables(doc_type text)
+
+create or replace function pgrag._stats_query_tables(doc_type text)
 returns regclass[]
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
@@ -96,7 +167,7 @@ begin
     end if;
     -- a temporary view records what the query depends on; dropped before returning
     execute format('create temporary view %I as %s', probe,
-                   pgrag.stats_statement(body, 'false'));
+                   pgrag._stats_statement(body, 'false'));
     with recursive rel(oid, relkind, rewrite) as (
         select c.oid, c.relkind, r2.oid
           from pg_rewrite r
@@ -146,7 +217,7 @@ begin
           join pg_depend d on d.classid = 'pg_rewrite'::regclass and d.objid = rules.oid
                           and d.refobjid = 'pgrag.chunks'::regclass and d.refobjsubid > 0
           join pg_attribute a on a.attrelid = d.refobjid and a.attnum = d.refobjsubid
-         where a.attname::text <> all(pgrag.stats_chunk_columns())
+         where a.attname::text <> all(pgrag._stats_chunk_columns())
         union all
         select format('it calls %s, %s', p.oid::regprocedure,
                       case when p.pronamespace <> 'pg_catalog'::regnamespace
@@ -183,11 +254,12 @@ begin
 end
 $$;
 
-comment on function pgrag.stats_query_tables(text) is
+comment on function pgrag._stats_query_tables(text) is
     'The tables a type''s declared statistics read (views followed, with pgrag.chunks and '
     'pgrag.doc_stats); PR003 when a cached result could go stale with none of them written';
 
-create or replace function pgrag.sync_stats_triggers(ensure regclass[])
+
+create or replace function pgrag._sync_stats_triggers(ensure regclass[])
 returns void
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
@@ -229,7 +301,7 @@ begin
                     'create trigger pgrag_stats_changed after insert or update%s or delete or '
                     'truncate on %s for each statement execute function pgrag.stats_changed()',
                     case when t = 'pgrag.chunks'::regclass
-                         then ' of ' || array_to_string(pgrag.stats_chunk_columns(), ', ')
+                         then ' of ' || array_to_string(pgrag._stats_chunk_columns(), ', ')
                          else '' end, t);
             end if;
             -- (also a disabled one: cache_stats is how to turn the cache back on)
@@ -244,10 +316,11 @@ begin
 end
 $$;
 
-comment on function pgrag.sync_stats_triggers(regclass[]) is
+comment on function pgrag._sync_stats_triggers(regclass[]) is
     'Put the trigger pgrag_stats_changed on the given tables; drop it where no cached type needs it';
 
-create or replace function pgrag.stats_database_subscribed()
+
+create or replace function pgrag._stats_database_subscribed()
 returns boolean
 language sql stable security invoker
 set search_path = pg_catalog, pg_temp
@@ -257,50 +330,11 @@ return exists (select from pg_subscription s
                 where s.subdbid = (select d.oid from pg_database d
                                     where d.datname = current_database()));
 
-comment on function pgrag.stats_database_subscribed() is
+comment on function pgrag._stats_database_subscribed() is
     'Whether this database has a logical replication subscription (no cached statistics then)';
 
-create or replace function pgrag.cache_stats(doc_type text, enabled boolean default true)
-returns regclass[]
-language plpgsql volatile security invoker
-set search_path = pg_catalog, pg_temp
-as $$
-#variable_conflict use_variable
--- Cache (or, with false, stop caching) the statistics of doc_type; returns the tables whose
--- writes invalidate them (NULL when off). Invalidates the type's cached results either way:
--- calling it again is how to start afresh after DDL that rewrote a table without writing rows
--- through DML (ALTER TABLE ... TYPE), which no trigger sees.
-declare
-    deps regclass[];
-begin
-    if enabled then
-        if pgrag.stats_database_subscribed() then
-            raise exception using errcode = 'PR003',
-                message = format('the statistics of %s cannot be cached: this database has a '
-                                 'logical replication subscription, whose apply process fires '
-                                 'no statement trigger', doc_type),
-                hint = 'leave them uncached here (computed at every call)';
-        end if;
-        deps := pgrag.stats_query_tables(doc_type);
-    elsif not exists (select from pgrag.doc_stats s where s.doc_type = doc_type) then
-        raise exception using errcode = 'PR003',
-            message = format('document type %s has no declared statistics', doc_type),
-            hint = 'pgrag.doc_stats lists the types with statistics';
-    end if;
-    -- the update is a write to pgrag.doc_stats, a table of every cached type: the type's
-    -- results computed before it are never used again (and pruned); deleting them here could
-    -- wait on a session that stored one and has not committed
-    update pgrag.doc_stats s set cache_deps = deps where s.doc_type = doc_type;
-    perform pgrag.sync_stats_triggers(deps);
-    return deps;
-end
-$$;
 
-comment on function pgrag.cache_stats(text, boolean) is
-    'Cache a type''s exact statistics per filter, reused while the tables they read are unchanged '
-    '(false: compute them at every call); returns those tables';
-
-create or replace function pgrag.stats_redeclared()
+create or replace function pgrag._stats_redeclared()
 returns trigger
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
@@ -312,7 +346,7 @@ as $$
 begin
     if tg_op = 'DELETE' then
         if old.cache_deps is not null then
-            perform pgrag.sync_stats_triggers('{}');
+            perform pgrag._sync_stats_triggers('{}');
         end if;
     elsif new.cache_deps is not null and new.stats_sql is distinct from old.stats_sql then
         perform pgrag.cache_stats(new.doc_type, true);
@@ -321,14 +355,25 @@ begin
 end
 $$;
 
-comment on function pgrag.stats_redeclared() is
+comment on function pgrag._stats_redeclared() is
     'Trigger: a cached type''s statistics query changed or went: re-read its tables';
 
-drop trigger if exists pgrag_stats_redeclared on pgrag.doc_stats;
-create trigger pgrag_stats_redeclared after update of stats_sql or delete on pgrag.doc_stats
-    for each row execute function pgrag.stats_redeclared();
+-- (created once, re-pointed only when it calls another function: a trigger's DDL locks its table)
+do $$
+begin
+    if not exists (select from pg_trigger
+                    where tgrelid = 'pgrag.doc_stats'::regclass
+                      and tgname = 'pgrag_stats_redeclared'
+                      and tgfoid = 'pgrag._stats_redeclared()'::regprocedure) then
+        create or replace trigger pgrag_stats_redeclared
+            after update of stats_sql or delete on pgrag.doc_stats
+            for each row execute function pgrag._stats_redeclared();
+    end if;
+end
+$$;
 
-create or replace function pgrag.stats_triggers_state(deps regclass[])
+
+create or replace function pgrag._stats_triggers_state(deps regclass[])
 returns text
 language sql stable security invoker
 set search_path = pg_catalog, pg_temp
@@ -341,10 +386,11 @@ return (
       from pg_trigger tg
      where tg.tgrelid = any(deps::oid[]) and tg.tgname = 'pgrag_stats_changed');
 
-comment on function pgrag.stats_triggers_state(regclass[]) is
+comment on function pgrag._stats_triggers_state(regclass[]) is
     'The cached tables'' triggers as they are now (NULL when one is missing or not always on)';
 
-create or replace function pgrag.stats_settings_key()
+
+create or replace function pgrag._stats_settings_key()
 returns text
 language sql stable security invoker
 set search_path = pg_catalog, pg_temp
@@ -357,10 +403,11 @@ return concat_ws(E'\x1f', current_setting('TimeZone'), current_setting('DateStyl
                  current_setting('timezone_abbreviations'),
                  current_setting('default_text_search_config'));
 
-comment on function pgrag.stats_settings_key() is
+comment on function pgrag._stats_settings_key() is
     'The session settings a cached statistics result is keyed by';
 
-create or replace function pgrag.stats_cache_usable()
+
+create or replace function pgrag._stats_cache_usable()
 returns boolean
 language sql stable security invoker
 set search_path = pg_catalog, pg_temp
@@ -374,16 +421,17 @@ return current_setting('transaction_isolation') <> 'serializable'
    and has_table_privilege('pgrag.stats_changes', 'select')
    and has_table_privilege('pgrag.stats_cache_horizon', 'select');
 
-comment on function pgrag.stats_cache_usable() is
+comment on function pgrag._stats_cache_usable() is
     'Whether the calling statement may use the statistics cache';
 
-create or replace function pgrag.stats_cache_valid(c pgrag.stats_cache, deps regclass[],
+
+create or replace function pgrag._stats_cache_valid(c pgrag.stats_cache, deps regclass[],
                                                    state text)
 returns boolean
 language sql stable security invoker
 set search_path = pg_catalog, pg_temp
 -- Whether cached result c (of a type reading deps) holds for the calling statement's
--- snapshot: the conditions at the top of this file. state: pgrag.stats_triggers_state(deps)
+-- snapshot: the conditions at the top of this file. state: pgrag._stats_triggers_state(deps)
 -- in this snapshot (the caller has it already: read once, not once per result).
 return (
     with now_snap as (select pg_current_snapshot() as r)
@@ -396,7 +444,7 @@ return (
                         where t.oid = any(deps::oid[])
                           and not (has_table_privilege(t.oid, 'select')
                                    and has_schema_privilege(t.relnamespace, 'usage')))
-       and not pgrag.stats_database_subscribed()
+       and not pgrag._stats_database_subscribed()
        and (select h.server_started = (c).server_started
                    and pg_snapshot_xmin((c).snap) >= h.pruned_below
               from pgrag.stats_cache_horizon h)
@@ -413,10 +461,11 @@ return (
                             where l.xid = (c).owner_xid and l.relid = any(deps::oid[])))
     from now_snap);
 
-comment on function pgrag.stats_cache_valid(pgrag.stats_cache, regclass[], text) is
+comment on function pgrag._stats_cache_valid(pgrag.stats_cache, regclass[], text) is
     'Whether cached statistics still hold for the calling statement''s snapshot';
 
-create or replace function pgrag.stats_cache_put(doc_type text, key bytea, condition text,
+
+create or replace function pgrag._stats_cache_put(doc_type text, key bytea, condition text,
                                                  stats jsonb, snap pg_snapshot, owner_xid xid8,
                                                  state text)
 returns void
@@ -447,7 +496,7 @@ begin
         select * into h from pgrag.stats_cache_horizon;
         if h.server_started is distinct from pg_postmaster_start_time() then
             -- a restored dump, a restart: the stored xids are another server's
-            perform pgrag.prune_stats_changes();
+            perform pgrag._prune_stats_changes();
             select * into h from pgrag.stats_cache_horizon;
         end if;
         if h.server_started is distinct from pg_postmaster_start_time()
@@ -466,7 +515,7 @@ begin
             where pg_snapshot_xmax(excluded.snap) >= pg_snapshot_xmax(c.snap)
                or c.server_started <> excluded.server_started;
         if (select count(*) from (select from pgrag.stats_changes limit 1000) x) >= 1000 then
-            perform pgrag.prune_stats_changes();
+            perform pgrag._prune_stats_changes();
         end if;
     exception when others then
         null;  -- not stored (a concurrent change of the type, a lock): computed next time
@@ -474,10 +523,11 @@ begin
 end
 $$;
 
-comment on function pgrag.stats_cache_put(text, bytea, text, jsonb, pg_snapshot, xid8, text)
+comment on function pgrag._stats_cache_put(text, bytea, text, jsonb, pg_snapshot, xid8, text)
     is 'Store computed statistics with their snapshot (best effort; never an older over a newer)';
 
-create or replace function pgrag.prune_stats_changes()
+
+create or replace function pgrag._prune_stats_changes()
 returns bigint
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
@@ -508,8 +558,8 @@ begin
     end if;
     delete from pgrag.stats_cache c
      where c.computed_at < now() - interval '1 day'
-        or not coalesce((select pgrag.stats_cache_valid(c, s.cache_deps,
-                                                        pgrag.stats_triggers_state(s.cache_deps))
+        or not coalesce((select pgrag._stats_cache_valid(c, s.cache_deps,
+                                                        pgrag._stats_triggers_state(s.cache_deps))
                            from pgrag.doc_stats s where s.doc_type = c.doc_type), false);
     select least(pg_snapshot_xmin(pg_current_snapshot()), min(pg_snapshot_xmin(c.snap)))
       into target from pgrag.stats_cache c;
@@ -523,12 +573,12 @@ begin
 end
 $$;
 
-comment on function pgrag.prune_stats_changes() is
+comment on function pgrag._prune_stats_changes() is
     'Drop stale cached statistics and the rows of pgrag.stats_changes none still needs';
 
--- Added after 0008 was released (an idempotent file: every upgrade applies it; the downgrade
--- of 0008 drops it). The search statement calls it to say which statistics were a cache hit.
-create or replace function pgrag.doc_type_stats_lookup(
+
+-- The search statement calls it to say which statistics were a cache hit.
+create or replace function pgrag._doc_type_stats_lookup(
     doc_type text, condition text, out stats jsonb, out cached boolean)
 language plpgsql stable security invoker
 set search_path = pg_catalog, pg_temp
@@ -538,7 +588,7 @@ as $$
 -- SQL expression with its values written as literals (the Python client's compiled filter):
 -- for a session that sees every tenant, the declared query runs over those chunks in one pass,
 -- or its cached result is returned when still exact (pgrag.cache_stats; the top of
--- 60_stats_cache.sql), with cached = true. Any other session (a reader) gets
+-- this file), with cached = true. Any other session (a reader) gets
 -- pgrag.reader_doc_type_stats over the ids it may see, computed every time. It runs as the
 -- caller; through a cursor, which refuses a string of several statements
 -- (pgrag.check_one_statement). The query and the snapshot it reads are those of the calling
@@ -551,9 +601,9 @@ declare
     cur refcursor;
 begin
     cached := false;
-    if not pgrag.sees_all_tenants() then
+    if not pgrag._sees_all_tenants() then
         open cur no scroll for execute format(
-            'select pgrag.reader_doc_type_stats($1, array(select c.id from pgrag.chunks c '
+            'select pgrag._reader_doc_type_stats($1, array(select c.id from pgrag.chunks c '
             'where c.doc_type = $1 and (%s)))', condition)
             using doc_type;
         fetch cur into stats;
@@ -565,68 +615,60 @@ begin
     if body is null then
         return;
     end if;
-    if deps is not null and pgrag.stats_cache_usable() then
-        key := sha256(convert_to(condition || E'\x1e' || pgrag.stats_settings_key(), 'UTF8'));
-        state := pgrag.stats_triggers_state(deps);  -- in this statement's snapshot
+    if deps is not null and pgrag._stats_cache_usable() then
+        key := sha256(convert_to(condition || E'\x1e' || pgrag._stats_settings_key(), 'UTF8'));
+        state := pgrag._stats_triggers_state(deps);  -- in this statement's snapshot
         select c.stats into stats from pgrag.stats_cache c
          where c.doc_type = doc_type and c.role_name = current_user
-           and c.condition_hash = key and pgrag.stats_cache_valid(c, deps, state);
+           and c.condition_hash = key and pgrag._stats_cache_valid(c, deps, state);
         if found then
             cached := true;
             return;
         end if;
     end if;
     open cur no scroll for execute
-        pgrag.stats_statement(body, format('c.doc_type = $1 and (%s)', condition))
+        pgrag._stats_statement(body, format('c.doc_type = $1 and (%s)', condition))
         using doc_type;
     fetch cur into stats;
     close cur;
     if key is not null then
-        perform pgrag.stats_cache_put(doc_type, key, condition, stats, pg_current_snapshot(),
+        perform pgrag._stats_cache_put(doc_type, key, condition, stats, pg_current_snapshot(),
                                       pg_current_xact_id_if_assigned(), state);
     end if;
 end
 $$;
 
-comment on function pgrag.doc_type_stats_lookup(text, text) is
+comment on function pgrag._doc_type_stats_lookup(text, text) is
     'pgrag.doc_type_stats_where with whether the result came from the statistics cache';
 
--- Replaces 40_security.sql's version (the downgrade of 0008 re-applies that one): the cache.
-create or replace function pgrag.doc_type_stats_where(doc_type text, condition text)
+
+create or replace function pgrag._doc_type_stats_where(doc_type text, condition text)
 returns jsonb
 language sql stable security invoker
 set search_path = pg_catalog, pg_temp
 as $$
-    select l.stats from pgrag.doc_type_stats_lookup(doc_type, condition) l
+    select l.stats from pgrag._doc_type_stats_lookup(doc_type, condition) l
 $$;
 
-comment on function pgrag.doc_type_stats_where(text, text) is
+comment on function pgrag._doc_type_stats_where(text, text) is
     'A document type''s statistics over its chunks matching a condition with literal values, '
     'in one pass or from the statistics cache (readers through pgrag.reader_doc_type_stats)';
 
--- ---- row-level security and grants, for the role names in pgrag.settings ----
 
-drop policy if exists stats_cache_own on pgrag.stats_cache;
-create policy stats_cache_own on pgrag.stats_cache
-    using (role_name = current_user) with check (role_name = current_user);
-
-do $$
-declare
-    s pgrag.settings;
+create or replace function pgrag.stats_changed()
+returns trigger
+language plpgsql volatile security definer
+set search_path = pg_catalog, pg_temp
+as $$
+-- security definer, owned by the migrating role: any role that may write a table that cached
+-- statistics read records its transaction, without any grant on pgrag's tables. It only
+-- inserts the trigger's own table and the top-level transaction id.
 begin
-    select * into strict s from pgrag.settings;
-    -- The trigger function is the migrating role's (security definer): anyone may write a
-    -- watched table. Creating the trigger takes EXECUTE, which the writer gets; caching is the
-    -- writer's to turn on, like declaring the statistics.
-    revoke all on function pgrag.stats_changed() from public;
-    revoke all on function pgrag.cache_stats(text, boolean) from public;
-    execute format('grant execute on function pgrag.stats_changed() to %I', s.writer_role);
-    execute format('grant execute on function pgrag.cache_stats(text, boolean) to %I',
-                   s.writer_role);
-    -- Every tenant's statistics: the writer's (each role its own rows) and the owner's.
-    execute format('grant select, insert, update, delete on pgrag.stats_cache to %I',
-                   s.writer_role);
-    execute format('grant select, update on pgrag.stats_cache_horizon to %I', s.writer_role);
-    execute format('grant select, delete on pgrag.stats_changes to %I', s.writer_role);
+    insert into pgrag.stats_changes (relid) values (tg_relid) on conflict do nothing;
+    return null;
 end
 $$;
+
+comment on function pgrag.stats_changed() is
+    'Statement trigger: record that this transaction wrote a table some cached statistics read';
+

@@ -1,28 +1,6 @@
--- Embeddings: the worker's claim and store, per-chunk failures, the caches, re-embedding.
--- Introduced by revision 0003: applied by that revision and every later one.
--- Re-applied by every migration that reaches head. Every function: schema pgrag, declared
--- volatility, security invoker, fixed search_path. SQLSTATEs (pgrag/errors.py):
---   PR002 dimension mismatch   PR006 invalid argument   PR007 model mismatch
---
--- How workers share the queue (docs/embeddings.md): a worker claims a chunk by taking a
--- session-level advisory lock on its id, then embeds with no transaction open, then writes the
--- vector in one short transaction, then releases the lock. Row locks are never held while the
--- model runs, so the sync triggers that rewrite chunks never wait for an embedder. A killed
--- worker's locks vanish with its connection; its batch was never written, so the next worker
--- takes it.
-
-create or replace function pgrag.chunk_lock_keys(chunk bigint, out key1 integer, out key2 integer)
-language sql immutable strict parallel safe security invoker
-set search_path = pg_catalog, pg_temp
-as $$
-    -- (class, object) of the chunk's advisory lock: a fixed class 'pgrg' mixed with the high
-    -- 32 bits, the low 32 bits as the object. One-to-one for every bigint id.
-    select 1885827687 # (chunk >> 32)::integer,
-           ((chunk & 4294967295) - 2147483648)::integer
-$$;
-
-comment on function pgrag.chunk_lock_keys(bigint) is
-    'The two-integer advisory lock key an embedding worker holds on a chunk it claimed';
+-- Embeddings: the worker's claim and store, per-chunk failures, the content and query caches,
+-- re-embedding with another model (docs/embeddings.md). pgrag's worker and client call these;
+-- so may any other embedder that follows the same protocol.
 
 create or replace function pgrag.claim_chunks(model_name text, batch_size integer, max_attempts integer)
 returns table (claimed_id bigint, claimed_text text, claimed_hash bytea, cached_embedding vector)
@@ -53,7 +31,7 @@ begin
                 and (e.attempts >= max_attempts or e.retry_at > now()))
         order by c.id
     loop
-        select * into k from pgrag.chunk_lock_keys(candidate);
+        select * into k from pgrag._chunk_lock_keys(candidate);
         continue when not pg_try_advisory_lock(k.key1, k.key2);
         -- A new statement, a new snapshot: the worker that held this lock until a moment ago
         -- may have written the vector since our scan began.
@@ -77,6 +55,7 @@ comment on function pgrag.claim_chunks(text, integer, integer) is
     'Claim up to batch_size chunks waiting for a vector (session advisory locks), with their '
     'cached vector under model_name if any; release them with pgrag.release_chunks';
 
+
 create or replace function pgrag.release_chunks(ids bigint[])
 returns integer
 language sql volatile security invoker
@@ -84,12 +63,13 @@ set search_path = pg_catalog, pg_temp
 as $$
     select count(*)::integer
     from unnest(ids) as t(id)
-    cross join lateral pgrag.chunk_lock_keys(t.id) as k
+    cross join lateral pgrag._chunk_lock_keys(t.id) as k
     where pg_advisory_unlock(k.key1, k.key2)
 $$;
 
 comment on function pgrag.release_chunks(bigint[]) is
     'Release chunks claimed by pgrag.claim_chunks (call after the vectors are committed)';
+
 
 create or replace function pgrag.check_embedder(model_name text, dim integer)
 returns void
@@ -114,6 +94,7 @@ $$;
 
 comment on function pgrag.check_embedder(text, integer) is
     'Refuse (PR007, PR002) an embedder whose model or dimension differs from the store''s';
+
 
 create or replace function pgrag.store_embeddings(
     model_name text, ids bigint[], hashes bytea[], vectors vector[])
@@ -189,6 +170,7 @@ comment on function pgrag.store_embeddings(text, bigint[], bytea[], vector[]) is
     'Write vectors (and the content cache) for chunks whose text still has the embedded hash; '
     'returns the ids written';
 
+
 create or replace function pgrag.record_embed_failures(
     model_name text, ids bigint[], hashes bytea[], error_text text, retry_after interval)
 returns integer
@@ -225,6 +207,7 @@ comment on function pgrag.record_embed_failures(text, bigint[], bytea[], text, i
     'Record that the embedder failed on these chunks; each is retried after an interval that '
     'doubles per attempt (at most a day)';
 
+
 create or replace function pgrag.clear_embed_errors()
 returns bigint
 language sql volatile security invoker
@@ -235,6 +218,7 @@ $$;
 
 comment on function pgrag.clear_embed_errors() is
     'Forget every embedding failure, so the worker tries those chunks again';
+
 
 create or replace function pgrag.embed_queue(model_name text, max_attempts integer)
 returns table (waiting bigint, retrying bigint, given_up bigint)
@@ -253,6 +237,7 @@ $$;
 
 comment on function pgrag.embed_queue(text, integer) is
     'Chunks waiting for a vector: ready now, failed and waiting to retry, given up on';
+
 
 create or replace function pgrag.begin_reembed(model_name text, dim integer)
 returns bigint
@@ -306,11 +291,14 @@ comment on function pgrag.begin_reembed(text, integer) is
     'Switch the store to another model: drop every vector (changing the column''s dimension if '
     'needed) and queue every chunk; the content cache keeps the old model''s vectors';
 
--- From revision 0006, 40_security.sql replaces this with a security definer version.
+
 create or replace function pgrag.query_cache_get(model_name text, hash bytea, ttl interval)
 returns vector
-language sql stable security invoker
+language sql stable security definer
 set search_path = pg_catalog, pg_temp
+-- security definer: a reader may use the shared query cache without reading it (its question
+-- texts are other tenants' questions). It returns one vector, for an exact hash, nothing else.
+-- Readers do not write it (pgrag.query_cache_put is invoker, and only the writer may).
 as $$
     select q.embedding
     from pgrag.query_cache q
@@ -318,7 +306,8 @@ as $$
 $$;
 
 comment on function pgrag.query_cache_get(text, bytea, interval) is
-    'The cached vector of a normalized question, if younger than ttl';
+    'The cached vector of a normalized question, if younger than ttl (security definer)';
+
 
 create or replace function pgrag.query_cache_put(
     model_name text, hash bytea, query_text text, vec vector, ttl interval)
@@ -336,6 +325,7 @@ $$;
 comment on function pgrag.query_cache_put(text, bytea, text, vector, interval) is
     'Cache the vector of a normalized question; purges entries older than ttl';
 
+
 create or replace function pgrag.prune_embedding_cache()
 returns bigint
 language sql volatile security invoker
@@ -351,3 +341,4 @@ $$;
 
 comment on function pgrag.prune_embedding_cache() is
     'Drop cached vectors of texts no chunk has any more (every model)';
+

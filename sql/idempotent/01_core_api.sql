@@ -1,0 +1,122 @@
+-- The SQL API of the store itself: its dimension, its size, and the session's tenant
+-- (docs/security.md, Tenants).
+
+create or replace function pgrag.embedding_dim()
+returns integer
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$ select embedding_dim from pgrag.settings $$;
+
+comment on function pgrag.embedding_dim() is 'The vector dimension this store was migrated with';
+
+
+create or replace function pgrag.check_dimension(dim integer)
+returns void
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    stored integer := pgrag.embedding_dim();
+begin
+    if dim is distinct from stored then
+        raise exception using
+            errcode = 'PR002',
+            message = format('embedding dimension %s does not match this store''s %s', dim, stored),
+            hint = 'use a model with the stored dimension, or re-embed with `pgrag reembed --model ...`'
+                   ' (or migrate a fresh database with `pgrag db upgrade --dimension N`)';
+    end if;
+end
+$$;
+
+comment on function pgrag.check_dimension(integer) is
+    'Refuse (PR002) a vector dimension other than the store''s';
+
+
+create or replace function pgrag.status()
+returns table (
+    embedding_dim integer,
+    embedding_model text,
+    chunks bigint,
+    pending bigint,
+    doc_types jsonb
+)
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+    select s.embedding_dim,
+           s.embedding_model,
+           (select count(*) from pgrag.chunks),
+           (select count(*) from pgrag.chunks where embedding is null),
+           coalesce((select jsonb_object_agg(doc_type, n)
+                     from (select doc_type, count(*) as n from pgrag.chunks group by doc_type) t),
+                    '{}'::jsonb)
+    from pgrag.settings s
+$$;
+
+comment on function pgrag.status() is 'Store size, chunks waiting for a vector, and chunks per document type';
+
+
+create or replace function pgrag.current_tenant()
+returns text
+language sql stable security definer
+set search_path = pg_catalog, pg_temp
+-- security definer: it reads pgrag.tenant_roles, which no reader may read (it lists every
+-- tenant and role). It takes no argument and returns only the calling session's own tenant.
+-- The bindings that apply are those of pgrag._tenant_identity() (the login role) and of every
+-- role it is a member of, directly or not, whatever the membership's INHERIT and SET options:
+--   none      the setting pgrag.tenant (NULL when unset or empty: only the shared chunks)
+--   one       that tenant, whatever the session sets or which role it SETs
+--   several   NULL: conflicting bindings see only the shared chunks (fail closed)
+-- (pg_auth_members walked by hand: pg_has_role says a superuser is a member of every role.)
+return (
+    with recursive member_of(oid) as (
+        select r.oid from pg_roles r where r.rolname = pgrag._tenant_identity()
+        union
+        select m.roleid from pg_auth_members m join member_of on m.member = member_of.oid
+    ),
+    bound as (
+        select distinct b.tenant
+          from pgrag.tenant_roles b
+          join pg_roles r on r.rolname = b.role_name
+          join member_of on member_of.oid = r.oid
+    )
+    select case (select count(*) from bound)
+               when 0 then nullif(current_setting('pgrag.tenant', true), '')
+               when 1 then (select bound.tenant from bound)
+           end);
+
+comment on function pgrag.current_tenant() is
+    'The session''s tenant: the binding (pgrag.tenant_roles) of its login role or a role it is '
+    'a member of, else the setting pgrag.tenant; NULL (shared chunks only) if bindings conflict';
+
+
+create or replace function pgrag.bind_tenant_role(role_name name, tenant text)
+returns void
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_variable
+-- Bind a role to a tenant (NULL: unbind it). Only the owner of pgrag.tenant_roles (the migrating
+-- role) may: no grant on it is given to the reader or writer role.
+begin
+    if not exists (select 1 from pg_roles r where r.rolname = role_name) then
+        raise exception using errcode = 'PR006',
+            message = format('role %s does not exist', role_name),
+            hint = 'create the role first (create role ... login), then bind it';
+    end if;
+    if tenant is null then
+        delete from pgrag.tenant_roles b where b.role_name = role_name;
+    elsif tenant = '' then
+        raise exception using errcode = 'PR006',
+            message = format('the tenant of role %s is empty', role_name),
+            hint = 'pass the tenant''s value, or NULL to unbind the role';
+    else
+        insert into pgrag.tenant_roles as b (role_name, tenant) values (role_name, tenant)
+        on conflict on constraint tenant_roles_pkey do update set tenant = excluded.tenant;
+    end if;
+end
+$$;
+
+comment on function pgrag.bind_tenant_role(name, text) is
+    'Bind a role to a tenant (NULL: unbind): its sessions see only that tenant, whatever pgrag.tenant says';
+

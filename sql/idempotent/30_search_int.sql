@@ -1,0 +1,486 @@
+-- Search, internals: the tsquery of a search text, the words an any-word search leaves out, the
+-- planner's estimate of a filter, the filter indexes' keys, and the one search statement behind
+-- the SQL API (docs/search.md explains the statement).
+--
+-- pgvector's operators live in the extension's schema, which the fixed search path does not
+-- hold: the statements are built with format() and OPERATOR(<schema>.<=>).
+
+create or replace function pgrag._stats_common_lexemes(min_fraction real, min_rows bigint)
+returns text[]
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+-- The lexemes in at least min_fraction of the chunks and in at least min_rows of them, from
+-- the planner's statistics of pgrag.chunks.tsv as the calling role sees them in pg_stats
+-- (after ANALYZE; none before it, and none while row-level security applies to the role).
+begin
+    if (select c.reltuples from pg_class c where c.oid = 'pgrag.chunks'::regclass)
+       < min_rows then
+        return '{}';
+    end if;
+    return (select coalesce(array_agg(u.e order by u.e), '{}')
+            from pg_stats s
+            cross join lateral unnest(s.most_common_elems::text::text[],
+                                      s.most_common_elem_freqs) as u(e, f)
+            where s.schemaname = 'pgrag' and s.tablename = 'chunks' and s.attname = 'tsv'
+              and u.e is not null and u.f >= min_fraction
+              and u.f * (select c.reltuples from pg_class c
+                         where c.oid = 'pgrag.chunks'::regclass) >= min_rows);
+end
+$$;
+
+comment on function pgrag._stats_common_lexemes(real, bigint) is
+    'Lexemes in at least min_fraction and min_rows of the chunks (pg_stats of chunks.tsv)';
+
+
+create or replace function pgrag._common_lexemes(min_fraction real default 0.05,
+                                                min_rows bigint default 20000)
+returns text[]
+language plpgsql stable security definer
+set search_path = pg_catalog, pg_temp
+as $$
+-- security definer, owned by the migrating role (the owner of pgrag.chunks): pg_stats hides the
+-- statistics of a table while row-level security applies to the role asking, and it applies to
+-- the writer role too (its policy lets it see everything, but is a policy). The words are read
+-- for the roles that see every tenant anyway; a reader gets none, since the most common words
+-- of all chunks would tell it about other tenants' chunks.
+begin
+    if not pgrag._sees_all_tenants() then
+        return '{}';
+    end if;
+    return pgrag._stats_common_lexemes(min_fraction, min_rows);
+end
+$$;
+
+comment on function pgrag._common_lexemes(real, bigint) is
+    'The lexemes an any-word search leaves out: in at least min_fraction and min_rows chunks '
+    '(none for a reader; security definer)';
+
+
+create or replace function pgrag._search_tsquery(query_text text, match text,
+                                                common_lexemes text[])
+returns tsquery
+language plpgsql stable parallel safe security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if match = 'all' then
+        -- web search syntax: words all required, "quoted phrases", or, -negation
+        return websearch_to_tsquery('english'::regconfig, query_text);
+    elsif match = 'any' then
+        -- any of the question's words (stemmed, stop words dropped) but the common ones
+        -- (pgrag.common_lexemes): for natural-language questions, where requiring every word
+        -- usually matches nothing. When every word is common, all of them (slow, not empty).
+        return (with w as (
+                    select l, common_lexemes is null or l <> all(common_lexemes) as rare
+                    from unnest(tsvector_to_array(
+                             to_tsvector('english'::regconfig, query_text))) l)
+                select string_agg(quote_literal(w.l), ' | ' order by w.l)::tsquery
+                from w
+                where w.rare or not exists (select from w where w.rare));
+    end if;
+    raise exception using
+        errcode = 'PR006',
+        message = format('text match %L is not all or any', match),
+        hint = 'use match => ''all'' (every word, web search syntax) or ''any'' (any word)';
+end
+$$;
+
+comment on function pgrag._search_tsquery(text, text, text[]) is
+    'The tsquery of a search text: all = websearch_to_tsquery (every word), any = any word '
+    'but the given common lexemes';
+
+
+create or replace function pgrag._filter_index_keys()
+returns text[]
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+-- The top-level keys of the filters of the store's filter indexes (pgrag/filter_index.py:
+-- partial HNSW indexes named chunks_embedding_hnsw_f_*, their filter JSON as the comment).
+-- Searches give these keys a condition of their own, which the planner matches against
+-- the indexes' predicates. A comment that is not a JSON object is not a filter: skipped.
+declare
+    d text;
+    keys text[] := '{}';
+begin
+    for d in select obj_description(x.indexrelid, 'pg_class')
+               from pg_index x
+               join pg_class i on i.oid = x.indexrelid
+              where x.indrelid = 'pgrag.chunks'::regclass
+                and i.relname like 'chunks\_embedding\_hnsw\_f\_%' loop
+        begin
+            if jsonb_typeof(d::jsonb) = 'object' then
+                keys := keys || array(select jsonb_object_keys(d::jsonb));
+            end if;
+        exception when invalid_text_representation then
+            null;
+        end;
+    end loop;
+    return array(select distinct k from unnest(keys) as u(k) order by k);
+end
+$$;
+
+comment on function pgrag._filter_index_keys() is
+    'The top-level keys of the filter indexes'' filters, which searches split out';
+
+
+
+create or replace function pgrag._search_default(name text)
+returns integer
+language sql immutable strict parallel safe security invoker
+set search_path = pg_catalog, pg_temp
+-- The search's tuning constants, in one place (docs/search.md says how each was chosen).
+return case name
+    when 'k' then 10
+    when 'exact_threshold' then 2000   -- fewer matching rows: compare every vector (exact)
+    when 'rrf_k' then 60               -- reciprocal rank fusion: 1 / (rrf_k + rank)
+    when 'fts_limit' then 10000        -- full-text matches ranked at most
+    end;
+
+comment on function pgrag._search_default(text) is
+    'The search''s defaults: k, exact_threshold, rrf_k, fts_limit';
+
+
+create or replace function pgrag._search_statement(mode text, where_sql text, skip_count boolean,
+                                                   vector_schema name)
+returns text
+language plpgsql immutable parallel safe security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+-- The one search statement (docs/search.md explains it), for pgrag._search to run. where_sql:
+-- the chunks' condition (alias c), values as literals (pgrag._filter_sql). skip_count: the
+-- planner expects so many matching rows that counting them is skipped and the index runs at
+-- once. Parameters: $1 query text, $2 query vector, $3 k, $4 kc (candidates per list),
+-- $5 exact_threshold, $6 rrf_k, $7 fts_limit, $8 match. A chain of CTEs:
+--   matched / counted: the filter's matching rows with their distances, up to exact_threshold,
+--     and how many (skipped: counted as exact_threshold);
+--   vec_index: at exact_threshold or more, the HNSW index with pgvector's iterative scan
+--     (hnsw.iterative_scan = relaxed_order), which keeps walking the graph until kc rows pass
+--     the filter; materialized and re-sorted (relaxed order may be slightly out of order);
+--   path: exact below the threshold, or when the index came back with fewer than kc rows (it
+--     stopped at hnsw.max_scan_tuples, or row-level security filtered a reader's rows);
+--   vec_exact: when the path is exact, every matching vector is compared: those of matched
+--     when it holds them all, else all over again (+ 0 keeps the planner off the HNSW index);
+--   fts: full-text matches ranked by ts_rank (the first fts_limit matching rows), match any
+--     leaving out the words in most chunks of a large store (pgrag._common_lexemes);
+--   fused: reciprocal rank fusion, 1 / (rrf_k + rank) summed over both lists;
+--   the final SELECT joins each hit to its chunk and its parent chunk.
+declare
+    op text := case when mode <> 'text' then format('OPERATOR(%I.<=>)', vector_schema) end;
+    stmt text := 'with ';
+begin
+    if mode <> 'text' then
+        stmt := stmt || format($f$
+matched as materialized (
+    select c.id, c.embedding %2$s $2 as distance
+    from pgrag.chunks c
+    where %1$s and c.embedding is not null and not %3$s
+    limit $5),
+counted as materialized (
+    select case when %3$s then $5::bigint else (select count(*) from matched) end as n),
+vec_index as materialized (
+    select c.id, c.embedding %2$s $2 as distance
+    from pgrag.chunks c
+    where %1$s and c.embedding is not null and (select n from counted) >= $5
+    order by c.embedding %2$s $2
+    limit $4),
+path as materialized (
+    select case when (select n from counted) >= $5 and (select count(*) from vec_index) >= $4
+                then 'index' else 'exact' end as scan),
+vec_exact as (
+    (select m.id, m.distance
+     from matched m
+     where (select n from counted) < $5
+     order by m.distance, m.id
+     limit $4)
+    union all
+    (select c.id, c.embedding %2$s $2 as distance
+     from pgrag.chunks c
+     where %1$s and c.embedding is not null
+       and (select n from counted) >= $5 and (select scan from path) = 'exact'
+     order by (c.embedding %2$s $2) + 0, c.id
+     limit $4)),
+vec as (
+    select u.id, u.distance, row_number() over (order by u.distance, u.id)::integer as rank
+    from (select * from vec_exact
+          union all
+          select * from vec_index where (select scan from path) = 'index') u),
+$f$, where_sql, op, case when skip_count then 'true' else 'false' end);
+    end if;
+    if mode <> 'vector' then
+        stmt := stmt || format($f$
+tq as materialized (select pgrag._search_tsquery($1, $8, pgrag._common_lexemes()) as q),
+fts_rows as (
+    select c.id, c.tsv
+    from pgrag.chunks c
+    where c.tsv @@ (select q from tq) and %1$s
+    limit $7),
+fts_scored as (
+    select r.id, ts_rank(r.tsv, (select q from tq)) as score from fts_rows r),
+fts as (
+    select r.id, r.score, row_number() over (order by r.score desc, r.id)::integer as rank
+    from fts_scored r
+    order by rank
+    limit $4),
+$f$, where_sql);
+    end if;
+    stmt := stmt || case mode
+        when 'vector' then $f$
+fused as (
+    select v.id, 1 - v.distance as score, v.distance, v.rank as vector_rank,
+           null::integer as text_rank, null::real as text_score
+    from vec v order by v.rank limit $3)
+$f$
+        when 'text' then $f$
+fused as (
+    select f.id, f.score::double precision as score, null::double precision as distance,
+           null::integer as vector_rank, f.rank as text_rank, f.score as text_score
+    from fts f order by f.rank limit $3)
+$f$
+        else $f$
+fused as (
+    select coalesce(v.id, f.id) as id,
+           coalesce(1.0 / ($6 + v.rank), 0) + coalesce(1.0 / ($6 + f.rank), 0) as score,
+           v.distance, v.rank as vector_rank, f.rank as text_rank, f.score as text_score
+    from vec v full outer join fts f on f.id = v.id
+    order by 2 desc, 1 limit $3)
+$f$ end;
+    return stmt || format($f$
+select c.id, c.doc_type, c.source_key, c.text, c.metadata, f.score::double precision as score,
+       f.distance::double precision as distance, f.vector_rank, f.text_rank,
+       f.text_score::real as text_score, c.parent_id, p.source_key as parent_source_key,
+       p.text as parent_text, %1$s as scan
+from fused f
+join pgrag.chunks c on c.id = f.id
+left join pgrag.chunks p on p.id = c.parent_id
+order by f.score desc, f.id
+$f$, case when mode = 'text' then '''text''::text' else '(select scan from path)' end);
+end
+$$;
+
+comment on function pgrag._search_statement(text, text, boolean, name) is
+    'The one search statement (CTEs: filter, HNSW or exact scan, full text, fusion)';
+
+
+create or replace function pgrag._search_plan(
+    mode text, query_text text, query_embedding vector, model text, inout k integer,
+    filter jsonb, doc_types text[], inout match text, candidates integer, ef_search integer,
+    inout exact_threshold integer, inout rrf_k integer, inout fts_limit integer,
+    out statement text, out kc integer, out ef integer, out max_scan_tuples integer,
+    out estimate double precision)
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+-- Everything a search decides before it runs (pgrag._search runs it): its arguments checked
+-- against pgrag's limits (pgrag._limit: the same for SQL callers as for the Python client) and
+-- given pgrag's defaults (pgrag._search_default), its filter compiled, the planner's estimate
+-- of the filter's rows, the HNSW settings, and the statement (pgrag._search_statement).
+-- Volatile: EXPLAIN runs in no other kind of function. It takes the filter language, never SQL
+-- text: a caller learns the planner's estimate of its own filter under its own row-level
+-- security, as EXPLAIN tells any role that reads pgrag.chunks (docs/security.md).
+declare
+    where_sql text;
+    cur refcursor;
+    plan json;
+    vs name;
+begin
+    if mode is null or mode not in ('vector', 'hybrid', 'text') then
+        raise exception using errcode = 'PR006',
+            message = format('search mode %s is not vector, hybrid or text', coalesce(mode, 'NULL')),
+            hint = 'pass mode => ''hybrid'' (both), ''vector'' or ''text''';
+    end if;
+    k := coalesce(k, pgrag._search_default('k'));
+    exact_threshold := coalesce(exact_threshold, pgrag._search_default('exact_threshold'));
+    rrf_k := coalesce(rrf_k, pgrag._search_default('rrf_k'));
+    fts_limit := coalesce(fts_limit, pgrag._search_default('fts_limit'));
+    -- natural-language questions rarely hold every word of a chunk: any word, but for a
+    -- full-text-only search, where all the words is what a user types into a search box
+    match := coalesce(match, case when mode = 'text' then 'all' else 'any' end);
+    perform pgrag._check_range('k', k, 1, pgrag._limit('k'));
+    perform pgrag._check_range('exact_threshold', exact_threshold, 0,
+                               pgrag._limit('exact_threshold'));
+    perform pgrag._check_range('rrf_k', rrf_k, 1, pgrag._limit('rrf_k'));
+    perform pgrag._check_range('fts_limit', fts_limit, 1, pgrag._limit('fts_limit'));
+    if candidates is not null then
+        perform pgrag._check_range('candidates', candidates, 1, pgrag._limit('candidates'));
+    end if;
+    if ef_search is not null then
+        perform pgrag._check_range('ef_search', ef_search, 1, pgrag._limit('ef_search'));
+    end if;
+    if mode <> 'text' then
+        if query_embedding is null then
+            raise exception using errcode = 'PR006',
+                message = format('a %s search needs a query embedding', mode),
+                hint = 'pass the question''s embedding from the store''s model, or search with '
+                       'mode => ''text'' (pgrag.text_search)';
+        end if;
+        if model is not null then
+            perform pgrag.check_embedder(model, cardinality(query_embedding::real[]));
+        else
+            perform pgrag.check_dimension(cardinality(query_embedding::real[]));
+        end if;
+    end if;
+    if mode <> 'vector' then
+        perform pgrag._check_question(query_text);
+    end if;
+    if match not in ('all', 'any') then
+        raise exception using errcode = 'PR006',
+            message = format('text match %L is not all or any', match),
+            hint = 'use match => ''all'' (every word, web search syntax) or ''any'' (any word)';
+    end if;
+    if doc_types is not null then
+        perform pgrag._check_names(doc_types, 'doc_types');
+        perform pgrag._filter_schema(doc_types);  -- PR003 for a type not declared
+    end if;
+
+    where_sql := case when filter is null or filter = '{}' then 'true'
+                      else pgrag._filter_sql(filter, pgrag._filter_schema(doc_types),
+                                             pgrag._filter_index_keys()) end;
+    if doc_types is not null then
+        where_sql := format('(%s) and c.doc_type = any(%L::text[])', where_sql, doc_types);
+    end if;
+    kc := greatest(coalesce(candidates, case when mode = 'vector' then 2 * k else 4 * k end), k);
+    if mode <> 'text' then
+        -- The planner's estimate of the filter's rows (EXPLAIN: about 0.1 ms): counting the
+        -- matches of a filter expected to match 5 x exact_threshold rows or more is skipped,
+        -- the index runs at once. No filter: no count either (the index may still come back
+        -- short under row-level security, and the exact scan follows, as behind a filter).
+        if where_sql <> 'true' then
+            open cur no scroll for execute
+                'explain (format json) select from pgrag.chunks c where ' || where_sql;
+            fetch cur into plan;
+            close cur;
+            estimate := (plan -> 0 -> 'Plan' ->> 'Plan Rows')::double precision;
+        end if;
+        -- HNSW: at least twice the candidates and at least the database default `pgrag tune`
+        -- stored (pgrag.ef_search), at most pgvector's 1,000: past that the iterative scan
+        -- walks on until kc rows pass, up to max_scan_tuples (200 per candidate).
+        ef := least(greatest(coalesce(ef_search, 2 * kc), kc, 40,
+                             case when ef_search is null
+                                   and current_setting('pgrag.ef_search', true) ~ '^[0-9]{1,4}$'
+                                  then current_setting('pgrag.ef_search', true)::integer end),
+                    pgrag._limit('ef_search'));
+        max_scan_tuples := greatest(20000, 200 * kc);
+        select n.nspname into strict vs
+          from pg_extension e join pg_namespace n on n.oid = e.extnamespace
+         where e.extname = 'vector';
+    end if;
+    statement := pgrag._search_statement(mode, where_sql,
+                                         estimate is null or estimate >= 5.0 * exact_threshold,
+                                         vs);
+end
+$$;
+
+comment on function pgrag._search_plan(text, text, vector, text, integer, jsonb, text[], text,
+                                       integer, integer, integer, integer, integer) is
+    'A search''s arguments checked and defaulted, its filter compiled, its estimate, HNSW '
+    'settings and statement';
+
+
+create or replace function pgrag._search(
+    mode text,
+    query_text text,
+    query_embedding vector,
+    k integer,
+    filter jsonb,
+    doc_types text[],
+    match text,
+    candidates integer,
+    ef_search integer,
+    exact_threshold integer,
+    rrf_k integer,
+    fts_limit integer,
+    model text)
+returns setof pgrag.search_hit
+language plpgsql stable security invoker
+-- The function's SET clauses make the set_config(..., true) calls below local to the call:
+-- the caller's settings are restored when it returns. Every vector search walks the graph
+-- iteratively (relaxed order, re-sorted by the statement): a plain scan stops at ef_search rows,
+-- and under row-level security even a search without a filter filters.
+set search_path = pg_catalog, pg_temp
+set hnsw.iterative_scan = 'relaxed_order'
+set hnsw.ef_search = 40
+set hnsw.max_scan_tuples = 20000
+as $$
+-- Every search of the SQL API and of the Python client runs here: pgrag._search_plan, then the
+-- statement, once, with the search's values bound.
+declare
+    p record;
+begin
+    select * into strict p
+      from pgrag._search_plan(mode, query_text, query_embedding, model, k, filter, doc_types,
+                              match, candidates, ef_search, exact_threshold, rrf_k, fts_limit);
+    if mode <> 'text' then
+        perform set_config('hnsw.ef_search', p.ef::text, true);
+        perform set_config('hnsw.max_scan_tuples', p.max_scan_tuples::text, true);
+    end if;
+    return query execute p.statement
+        using query_text, query_embedding, p.k, p.kc, p.exact_threshold, p.rrf_k, p.fts_limit,
+              p.match;
+end
+$$;
+
+comment on function pgrag._search(text, text, vector, integer, jsonb, text[], text, integer,
+                                  integer, integer, integer, integer, text) is
+    'Run a search: pgrag._search_plan, then its statement with the search''s values bound';
+
+
+create or replace function pgrag._filter_index_plan(filter jsonb,
+                                                    out name text, out filter_json text,
+                                                    out create_ddl text, out comment_ddl text)
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+-- The DDL of a filter index (pgrag/filter_index.py builds it concurrently, which a function
+-- cannot): a partial HNSW index whose predicate is the filter compiled exactly as a search
+-- compiles it once the index exists (its top-level keys split out, canonical), so that the
+-- planner proves it from a search's conditions; with the store index's m and ef_construction.
+-- Named by its predicate: {"k": 1} and {"k": {"$eq": 1}} are one index. PR006 for a filter that
+-- selects every chunk or none.
+declare
+    predicate text;
+    plan json;
+    m integer;
+    efc integer;
+    vs name;
+begin
+    if filter is null or filter = '{}' then
+        raise exception using errcode = 'PR006',
+            message = 'a filter index needs a filter',
+            hint = 'the store index already serves unfiltered searches';
+    end if;
+    predicate := pgrag._filter_sql(filter, pgrag._filter_schema(null),
+                                   array(select jsonb_object_keys(filter)), '');
+    execute 'explain (format json, costs off) select from pgrag.chunks where ' || predicate
+       into plan;
+    if plan -> 0 -> 'Plan' ->> 'One-Time Filter' = 'false'
+       or not (plan::text ~ '"(Filter|Index Cond|Recheck Cond)"') then
+        raise exception using errcode = 'PR006',
+            message = format('filter %s matches %s chunk', filter,
+                             case when plan -> 0 -> 'Plan' ->> 'One-Time Filter' = 'false'
+                                  then 'no' else 'every' end),
+            hint = 'a filter index needs a filter that selects some of the chunks';
+    end if;
+    select coalesce(max(o.option_value) filter (where o.option_name = 'm'), s.hnsw_m::text)::int,
+           coalesce(max(o.option_value) filter (where o.option_name = 'ef_construction'),
+                    s.hnsw_ef_construction::text)::int
+      into m, efc
+      from pgrag.settings s
+      left join pg_class c on c.oid = to_regclass('pgrag.chunks_embedding_hnsw')
+      left join lateral pg_options_to_table(c.reloptions) o on true
+     group by s.hnsw_m, s.hnsw_ef_construction;
+    select n.nspname into strict vs
+      from pg_extension e join pg_namespace n on n.oid = e.extnamespace
+     where e.extname = 'vector';
+    name := 'chunks_embedding_hnsw_f_' || left(encode(sha256(convert_to(predicate, 'UTF8')), 'hex'), 12);
+    filter_json := filter::text;
+    create_ddl := format('create index concurrently %I on pgrag.chunks using hnsw (embedding %I.vector_cosine_ops) '
+                         'with (m = %s, ef_construction = %s) where %s',
+                         name, vs, m, efc, predicate);
+    comment_ddl := format('comment on index pgrag.%I is %L', name, filter_json);
+end
+$$;
+
+comment on function pgrag._filter_index_plan(jsonb) is
+    'The CREATE INDEX and COMMENT of a filter index, its predicate compiled as a search compiles it';

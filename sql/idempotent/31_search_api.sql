@@ -1,0 +1,187 @@
+-- Search: hybrid, vector and full-text search with a metadata filter (the filter language of
+-- docs/filters-and-answers.md), the tsquery of a search text, and a chunk's context (its parent,
+-- children and siblings). docs/search.md. Every search runs pgrag._search; an argument left NULL
+-- takes pgrag's default (pgrag._search_default), the same for SQL callers and the Python client.
+--
+-- The search functions below have no SET clause, unlike every other function of pgrag: a SET
+-- clause stops PostgreSQL from inlining a SQL function into the query that calls it, which cost
+-- a search 0.15 ms (a plan of the function's body at every call). Their bodies call one
+-- schema-qualified function (pgrag._search, which sets its own search_path) and no operator or
+-- unqualified function, so the caller's search_path cannot change what they run.
+
+create or replace function pgrag.text_query(query_text text, match text default 'all')
+returns tsquery
+language sql stable parallel safe security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+    select pgrag._search_tsquery(query_text, match, null)
+$$;
+
+comment on function pgrag.text_query(text, text) is
+    'The tsquery of a search text: all = websearch_to_tsquery (every word), any = any word';
+
+
+select pgrag._drop_if_changed(to_regprocedure(
+    'pgrag.search(text, vector, integer, jsonb, text[], text, text, integer, integer, integer, '
+    'integer, integer, text)'), 'SETOF pgrag.search_hit');
+
+create or replace function pgrag.search(
+    query_text text,
+    query_embedding vector default null,
+    k integer default null,
+    filter jsonb default null,
+    doc_types text[] default null,
+    mode text default null,
+    match text default null,
+    candidates integer default null,
+    ef_search integer default null,
+    exact_threshold integer default null,
+    rrf_k integer default null,
+    fts_limit integer default null,
+    model text default null)
+returns setof pgrag.search_hit
+language sql stable security invoker
+as $$
+    select * from pgrag._search(
+        coalesce(mode, case when query_embedding is null then 'text' else 'hybrid' end),
+        query_text, query_embedding, k, filter, doc_types, match, candidates, ef_search,
+        exact_threshold, rrf_k, fts_limit, model)
+$$;
+
+comment on function pgrag.search(text, vector, integer, jsonb, text[], text, text, integer,
+                                 integer, integer, integer, integer, text) is
+    'Search the chunks, as the Python client and `pgrag search` do: hybrid (vector and full '
+    'text fused by reciprocal rank) with an embedding, full text without one; mode => vector '
+    'or text to choose; filter in the filter language; model: refuse another model''s vector';
+
+
+select pgrag._drop_if_changed(to_regprocedure(
+    'pgrag.vector_search(vector, integer, jsonb, text[], integer, integer)'),
+    'SETOF pgrag.search_hit');
+
+create or replace function pgrag.vector_search(
+    query_embedding vector,
+    k integer default null,
+    filter jsonb default null,
+    doc_types text[] default null,
+    ef_search integer default null,
+    exact_threshold integer default null)
+returns setof pgrag.search_hit
+language sql stable security invoker
+as $$
+    select * from pgrag._search('vector', null, query_embedding, k, filter, doc_types, null,
+                                null, ef_search, exact_threshold, null, null, null)
+$$;
+
+comment on function pgrag.vector_search(vector, integer, jsonb, text[], integer, integer) is
+    'The k chunks nearest to an embedding (cosine), among those matching the filter';
+
+
+select pgrag._drop_if_changed(to_regprocedure(
+    'pgrag.hybrid_search(text, vector, integer, jsonb, text[], text, integer, integer, integer, '
+    'integer)'), 'SETOF pgrag.search_hit');
+
+create or replace function pgrag.hybrid_search(
+    query_text text,
+    query_embedding vector,
+    k integer default null,
+    filter jsonb default null,
+    doc_types text[] default null,
+    match text default null,
+    candidates integer default null,
+    rrf_k integer default null,
+    ef_search integer default null,
+    exact_threshold integer default null)
+returns setof pgrag.search_hit
+language sql stable security invoker
+as $$
+    select * from pgrag._search('hybrid', query_text, query_embedding, k, filter, doc_types,
+                                match, candidates, ef_search, exact_threshold, rrf_k, null, null)
+$$;
+
+comment on function pgrag.hybrid_search(text, vector, integer, jsonb, text[], text, integer,
+                                        integer, integer, integer) is
+    'Vector and full-text search fused by reciprocal rank (1 / (rrf_k + rank)), one statement';
+
+
+select pgrag._drop_if_changed(to_regprocedure(
+    'pgrag.text_search(text, integer, jsonb, text[], text)'), 'SETOF pgrag.search_hit');
+
+create or replace function pgrag.text_search(
+    query_text text,
+    k integer default null,
+    filter jsonb default null,
+    doc_types text[] default null,
+    match text default null)
+returns setof pgrag.search_hit
+language sql stable security invoker
+as $$
+    select * from pgrag._search('text', query_text, null, k, filter, doc_types, match, null,
+                                null, null, null, null, null)
+$$;
+
+comment on function pgrag.text_search(text, integer, jsonb, text[], text) is
+    'Full-text search ranked by ts_rank, for stores or users without an embedder';
+
+
+-- The vector-only search of earlier releases, pgrag.search(embedding, ...): a deprecated alias
+-- of pgrag.vector_search for one release (CHANGELOG.md).
+select pgrag._drop_if_changed(to_regprocedure(
+    'pgrag.search(vector, integer, jsonb, text[], integer, integer)'), 'SETOF pgrag.search_hit');
+
+create or replace function pgrag.search(
+    query_embedding vector,
+    k integer default null,
+    filter jsonb default null,
+    doc_types text[] default null,
+    ef_search integer default null,
+    exact_threshold integer default null)
+returns setof pgrag.search_hit
+language sql stable security invoker
+as $$
+    select * from pgrag.vector_search(query_embedding, k, filter, doc_types, ef_search,
+                                      exact_threshold)
+$$;
+
+comment on function pgrag.search(vector, integer, jsonb, text[], integer, integer) is
+    'Deprecated: pgrag.vector_search (pgrag.search with a text first is the hybrid search)';
+
+
+create or replace function pgrag.context(chunk_id bigint, max_children integer default 20)
+returns table (relation text, id bigint, doc_type text, source_key text, parent_id bigint,
+               text text, metadata jsonb)
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+    select 'chunk', c.id, c.doc_type, c.source_key, c.parent_id, c.text, c.metadata
+    from pgrag.chunks c where c.id = chunk_id
+    union all
+    select 'parent', p.id, p.doc_type, p.source_key, p.parent_id, p.text, p.metadata
+    from pgrag.chunks c join pgrag.chunks p on p.id = c.parent_id where c.id = chunk_id
+    union all
+    (select 'child', k.id, k.doc_type, k.source_key, k.parent_id, k.text, k.metadata
+     from pgrag.chunks k where k.parent_id = chunk_id
+     order by k.id limit max_children)
+    union all
+    (select 'sibling', s.id, s.doc_type, s.source_key, s.parent_id, s.text, s.metadata
+     from pgrag.chunks c join pgrag.chunks s on s.parent_id = c.parent_id and s.id <> c.id
+     where c.id = chunk_id
+     order by s.id limit max_children)
+$$;
+
+comment on function pgrag.context(bigint, integer) is
+    'A chunk with its parent, its children and its siblings (up to max_children each)';
+
+
+
+create or replace function pgrag.check_filter(filter jsonb, doc_types text[] default null)
+returns text
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+    select pgrag._filter_sql(filter, pgrag._filter_schema(doc_types))
+$$;
+
+comment on function pgrag.check_filter(jsonb, text[]) is
+    'Check a filter against the metadata of doc_types (all when NULL): PR005 naming what is '
+    'valid, or the SQL condition it compiles to (alias c)';

@@ -1,0 +1,135 @@
+-- Exact statistics: declare a type's statistics query, compute statistics for a filter, and turn
+-- the statistics cache on or off (docs/search.md, "Exact statistics" and "The statistics cache").
+
+create or replace function pgrag.declare_stats(doc_type text, stats_sql text)
+returns void
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if not exists (select 1 from pgrag.doc_types t where t.name = declare_stats.doc_type) then
+        raise exception using
+            errcode = 'PR003',
+            message = format('document type %s is not declared', doc_type),
+            hint = 'declare it first with pgrag.declare_document, then its statistics';
+    end if;
+    if stats_sql is null then
+        delete from pgrag.doc_stats s where s.doc_type = declare_stats.doc_type;
+        return;
+    end if;
+    -- Compile and run it once over no rows: a query that does not parse, names a missing
+    -- table, or does not return one jsonb column fails here, not in a user's search.
+    begin
+        -- (one statement: a `;` after a closing parenthesis cannot add statements of its own)
+        perform pgrag._check_one_statement(pgrag._stats_statement(stats_sql, 'false'));
+    exception when others then
+        raise exception using
+            errcode = 'PR003',
+            message = format('the statistics query of %s does not work over no rows: %s',
+                             doc_type, sqlerrm),
+            hint = 'write one SELECT returning one jsonb over the CTE hits (id, doc_type, '
+                   'source_key, parent_id, parent_key, metadata, text), schema-qualifying tables';
+    end;
+    insert into pgrag.doc_stats as s (doc_type, stats_sql)
+    values (declare_stats.doc_type, stats_sql)
+    on conflict on constraint doc_stats_pkey
+    do update set stats_sql = excluded.stats_sql, updated_at = now();
+end
+$$;
+
+comment on function pgrag.declare_stats(text, text) is
+    'Declare (or, with NULL, remove) the exact statistics of a document type: a SELECT over the '
+    'CTE hits returning one jsonb';
+
+
+create or replace function pgrag.stats_detail(filter jsonb default null,
+                                              doc_types text[] default null)
+returns table (doc_type text, stats jsonb, cached boolean)
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+-- Each document type's exact statistics over every chunk matching the filter (the filter
+-- language), for the types with declared statistics among doc_types (all when NULL), and
+-- whether the result came from the statistics cache.
+declare
+    condition text;
+begin
+    if doc_types is not null then
+        perform pgrag._check_names(doc_types, 'doc_types');
+    end if;
+    condition := pgrag._filter_sql(filter, pgrag._filter_schema(doc_types));
+    if doc_types is not null then
+        condition := format('(%s) and c.doc_type = any(%L::text[])', condition, doc_types);
+    end if;
+    return query
+        select s.doc_type, l.stats, l.cached
+          from pgrag.doc_stats s
+         cross join lateral pgrag._doc_type_stats_lookup(s.doc_type, condition) l
+         where stats_detail.doc_types is null or s.doc_type = any(stats_detail.doc_types)
+         order by s.doc_type;
+end
+$$;
+
+comment on function pgrag.stats_detail(jsonb, text[]) is
+    'Exact statistics per document type over every chunk matching a filter, with whether each '
+    'came from the statistics cache';
+
+
+select pgrag._drop_if_changed(to_regprocedure(
+    'pgrag.stats(jsonb, text[])'), 'jsonb');
+
+create or replace function pgrag.stats(filter jsonb default null, doc_types text[] default null)
+returns jsonb
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+    select coalesce(jsonb_object_agg(d.doc_type, d.stats), '{}'::jsonb)
+    from pgrag.stats_detail(filter, doc_types) d
+$$;
+
+comment on function pgrag.stats(jsonb, text[]) is
+    'Exact statistics over every chunk matching a filter (the filter language), per document '
+    'type with declared statistics: {"doc_type": {...}, ...}';
+
+
+create or replace function pgrag.cache_stats(doc_type text, enabled boolean default true)
+returns regclass[]
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_variable
+-- Cache (or, with false, stop caching) the statistics of doc_type; returns the tables whose
+-- writes invalidate them (NULL when off). Invalidates the type's cached results either way:
+-- calling it again is how to start afresh after DDL that rewrote a table without writing rows
+-- through DML (ALTER TABLE ... TYPE), which no trigger sees.
+declare
+    deps regclass[];
+begin
+    if enabled then
+        if pgrag._stats_database_subscribed() then
+            raise exception using errcode = 'PR003',
+                message = format('the statistics of %s cannot be cached: this database has a '
+                                 'logical replication subscription, whose apply process fires '
+                                 'no statement trigger', doc_type),
+                hint = 'leave them uncached here (computed at every call)';
+        end if;
+        deps := pgrag._stats_query_tables(doc_type);
+    elsif not exists (select from pgrag.doc_stats s where s.doc_type = doc_type) then
+        raise exception using errcode = 'PR003',
+            message = format('document type %s has no declared statistics', doc_type),
+            hint = 'pgrag.doc_stats lists the types with statistics';
+    end if;
+    -- the update is a write to pgrag.doc_stats, a table of every cached type: the type's
+    -- results computed before it are never used again (and pruned); deleting them here could
+    -- wait on a session that stored one and has not committed
+    update pgrag.doc_stats s set cache_deps = deps where s.doc_type = doc_type;
+    perform pgrag._sync_stats_triggers(deps);
+    return deps;
+end
+$$;
+
+comment on function pgrag.cache_stats(text, boolean) is
+    'Cache a type''s exact statistics per filter, reused while the tables they read are unchanged '
+    '(false: compute them at every call); returns those tables';
+
