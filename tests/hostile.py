@@ -263,11 +263,13 @@ create function public.guard_ddl() returns event_trigger language plpgsql as $$
 declare
     r record;
 begin
-    -- pgrag's own objects: anything in schema pgrag, its pgrag_* triggers on watched tables
-    -- (and, when dropped, the rules of its views)
+    -- pgrag's own objects: anything in schemas pgrag and pgrag_docs, its pgrag_* triggers on
+    -- watched tables (and, when dropped, the rules of its views)
     for r in select * from pg_event_trigger_ddl_commands() loop
-        if r.schema_name is distinct from 'pgrag'
-           and not (r.object_type = 'trigger' and r.object_identity like 'pgrag\\_%') then
+        if coalesce(r.schema_name, '') not in ('pgrag', 'pgrag_docs')
+           and not (r.object_type = 'trigger' and r.object_identity like 'pgrag\\_%')
+           -- the grants on the functions pgrag generates (an event trigger sees no name for them)
+           and not (r.command_tag in ('GRANT', 'REVOKE') and r.object_type = 'FUNCTION') then
             perform nextval('public.guard_ddl');
         end if;
     end loop;
@@ -277,9 +279,10 @@ declare
     r record;
 begin
     for r in select * from pg_event_trigger_dropped_objects() loop
-        if r.schema_name is distinct from 'pgrag'
+        if coalesce(r.schema_name, '') not in ('pgrag', 'pgrag_docs')
            and not (r.object_type = 'trigger' and r.object_identity like 'pgrag\\_%')
-           and not (r.object_type = 'rule' and r.object_identity like '% on pgrag.%') then
+           and not (r.object_type = 'rule' and r.object_identity like '% on pgrag.%')
+           and not (r.object_type = 'rule' and r.object_identity like '% on pgrag_docs.%') then
             perform nextval('public.guard_ddl');
         end if;
     end loop;

@@ -22,6 +22,7 @@ from .search_plan import plan as _plan
 from .search_plan import run_plan as _run_plan
 from .search_plan import settings as _settings
 from .shop_fixture import load_tiny_shop
+from .stats_reference import declared_stats
 
 DIM = 384
 ROWS = 20_000
@@ -472,20 +473,10 @@ def test_stats_python_equals_sql_and_counts_every_matching_row(
     res = s.search(shop, "zzzz", filter={"customer_id": 999}, mode="text", stats=True)
     assert res.hits == () and res.stats is not None
     assert res.stats["order_detail"]["order_count"] == 0
-    # one pass over the filter (pgrag._doc_type_stats_where) = the id list of pgrag.stats
-    one_pass = shop.execute(
-        "select pgrag._doc_type_stats_where('order_detail', %s)",
-        ("""c.metadata @> '{"segment": "VIP"}'::jsonb""",),
-    ).fetchone()
-    assert one_pass is not None and one_pass[0] == py["order_detail"]
-    with (
-        pytest.raises(psycopg.errors.InvalidCursorDefinition, match="multi-query"),
-        shop.transaction(),
-    ):
-        shop.execute(
-            "select pgrag._doc_type_stats_where('order_detail', %s)",
-            ("true)) select 1; with hits as (select c.* from pgrag.chunks c where (true",),
-        )
+    # the declared query run afresh over the matching chunks gives the same numbers
+    assert (
+        declared_stats(shop, "order_detail", containment={"segment": "VIP"}) == py["order_detail"]
+    )
 
 
 def test_invalid_filters_and_stats_declarations_are_one_line_errors(

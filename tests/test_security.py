@@ -37,6 +37,7 @@ from . import search_plan
 from .chat_server import ChatServer, Reply
 from .conftest import REPO, TestServer, create_database, drop_database
 from .embed_server import default_embedder
+from .stats_reference import declared_stats
 
 READER = "pgrag_reader"
 WRITER = "pgrag_writer"
@@ -248,7 +249,10 @@ def test_the_writer_declares_renders_and_embeds_but_reads_only_what_it_was_grant
 ) -> None:
     # the fixture declared the types and ran the worker as the writer; here, the limits
     with psycopg.connect(as_role(crm.url, WRITER)) as conn:
-        conn.execute("create table pgrag.doc_writer_probe (x int)")  # CREATE on schema pgrag
+        conn.execute("create table pgrag_docs.doc_writer_probe (x int)")  # CREATE on pgrag_docs
+        conn.rollback()
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("create table pgrag.doc_writer_probe (x int)")  # schema pgrag: pgrag's
         conn.rollback()
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("select * from pgrag.tenant_roles")
@@ -256,11 +260,14 @@ def test_the_writer_declares_renders_and_embeds_but_reads_only_what_it_was_grant
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("select * from pg_authid")
         conn.rollback()
-        owner = conn.execute(
-            "select proowner::regrole::text, prosecdef from pg_proc "
-            "where oid = 'pgrag._reader_doc_type_stats(text, bigint[])'::regprocedure"
-        ).fetchone()
-    assert owner == (WRITER, True)  # stats run with the writer's privileges, never more
+        owners = conn.execute(
+            "select p.proname, p.proowner::regrole::text, p.prosecdef from pg_proc p "
+            "where p.pronamespace = 'pgrag_docs'::regnamespace order by 1"
+        ).fetchall()
+    # the types' generated functions, statistics included, are the writer's (who declared
+    # them) and run with its privileges, never more
+    assert owners and {(o, d) for _, o, d in owners} == {(WRITER, True)}
+    assert "stats_crm_account" in {n for n, _, _ in owners}
 
 
 def test_a_reader_worker_cannot_store_vectors(crm: Crm) -> None:
@@ -341,10 +348,7 @@ def _check_stats(
         want = {}
         for doc_type in ("crm_account", "crm_ticket"):
             if doc_types is None or doc_type in doc_types:
-                row = conn.execute(
-                    "select pgrag._doc_type_stats(%s, %s)", (doc_type, visible)
-                ).fetchone()
-                want[doc_type] = row[0] if row else None
+                want[doc_type] = declared_stats(conn, doc_type, ids=visible)
     assert got == want
 
 
@@ -417,9 +421,8 @@ def test_no_query_filter_or_k_returns_another_tenants_row(
                 "select pgrag.stats(%s::jsonb, %s)", (json.dumps(flt), doc_types)
             ).fetchone()
             every = conn.execute(
-                "select pgrag._doc_type_stats('crm_account', "
-                "array(select generate_series(1, 400))::bigint[])"
-            ).fetchone()  # a reader passing every id gets its own tenant's numbers only
+                "select s.stats from pgrag_docs.stats_crm_account('{}', null) s"
+            ).fetchone()  # a reader calling the statistics directly gets its tenant's only
             for cid in ids[:3]:
                 context = conn.execute("select id, text from pgrag.context(%s)", (cid,)).fetchall()
                 ids += [c[0] for c in context]
@@ -501,8 +504,7 @@ def test_set_role_cannot_escape_the_login_roles_binding(crm: Crm) -> None:
             assert _tenants_seen(conn) == {"acme", None}, step
             assert conn.execute("select pgrag.current_tenant()").fetchone() == ("acme",)
             every = conn.execute(
-                "select pgrag._doc_type_stats('crm_account', "
-                "array(select generate_series(1, 400))::bigint[])"
+                "select s.stats from pgrag_docs.stats_crm_account('{}', null) s"
             ).fetchone()
             assert every is not None
             _check_stats(crm, "acme", {}, ["crm_account"], {"crm_account": every[0]})
@@ -838,7 +840,7 @@ def test_the_writer_redeclares_and_drops_after_a_migration(db_url: str) -> None:
     with psycopg.connect(db_url) as conn:
         owners = conn.execute(
             "select proname, proowner::regrole::text from pg_proc "
-            "where pronamespace = 'pgrag'::regnamespace and proname ~ '_item' order by 1"
+            "where pronamespace = 'pgrag_docs'::regnamespace and proname ~ '_item' order by 1"
         ).fetchall()
     assert owners and {o for _, o in owners} == {WRITER}, owners
     with psycopg.connect(as_role(db_url, WRITER)) as conn:
@@ -857,11 +859,11 @@ def test_a_migration_does_not_plan_a_writers_key_query(db_url: str) -> None:
         conn.execute(ITEMS_SQL)
     with psycopg.connect(as_role(db_url, WRITER)) as conn:
         conn.execute(
-            "create function pgrag.who(x integer) returns integer language plpgsql immutable "
-            "as $$ begin if current_user <> 'pgrag_writer' then "
+            "create function pgrag_docs.who(x integer) returns integer language plpgsql "
+            "immutable as $$ begin if current_user <> 'pgrag_writer' then "
             "raise exception 'ran as %', current_user; end if; return x; end $$"
         )
-        watch = '{"items.item": "select id from changed where id >= pgrag.who(1)"}'
+        watch = '{"items.item": "select id from changed where id >= pgrag_docs.who(1)"}'
         conn.execute("select pgrag.declare_document('item', %s, %s)", (ITEM_SOURCE, watch))
     migrate.upgrade(db_url)  # as the superuser: before the fix, "ran as postgres"
     with psycopg.connect(as_role(db_url, WRITER)) as conn:  # (key queries run as the writer)

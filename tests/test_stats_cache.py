@@ -24,6 +24,7 @@ from pgrag.errors import DocumentError
 
 from .conftest import run_pgrag
 from .shop_fixture import load_tiny_shop
+from .stats_reference import declared_stats
 
 VIP = {"segment": "VIP"}
 DELIVERED = {"status": "delivered"}
@@ -44,14 +45,8 @@ def stats(conn: psycopg.Connection[Any], flt: dict[str, Any]) -> dict[str, Any]:
 
 def reference(conn: psycopg.Connection[Any], flt: dict[str, Any]) -> dict[str, Any]:
     """The declared queries run afresh over the same snapshot, never the cache."""
-    row = conn.execute(
-        "select jsonb_object_agg(d.doc_type, pgrag._doc_type_stats(d.doc_type, array("
-        "select c.id from pgrag.chunks c where c.doc_type = d.doc_type "
-        "and c.metadata @> %s))) from pgrag.doc_stats d",
-        (Jsonb(flt),),
-    ).fetchone()
-    assert row is not None
-    return dict(row[0])
+    types = [r[0] for r in conn.execute("select doc_type from pgrag.doc_stats")]
+    return {t: declared_stats(conn, t, containment=flt) for t in types}
 
 
 def cached_rows(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
@@ -255,18 +250,25 @@ def test_removing_the_statistics_removes_the_triggers_no_type_needs(shop_url: st
         assert watched(conn) == ["pgrag.chunks", "pgrag.doc_stats"]
 
 
-def test_only_the_role_that_computed_a_result_reuses_it(shop_url: str) -> None:
+def test_statistics_run_and_cache_as_their_declarer_whoever_asks(shop_url: str) -> None:
+    """The statistics run as the role that declared them (pgrag_docs.stats_<type>): a writer
+    that may not read shop.orders gets the declarer's numbers, the declarer's cached ones."""
     with psycopg.connect(shop_url, autocommit=True) as conn:
-        stats(conn, VIP)  # cached by the superuser
+        first = stats(conn, VIP)  # cached by the superuser, who declared them
+        stored = cached_rows(conn)
         writer = conn.execute("select writer_role from pgrag.settings").fetchone()
         assert writer is not None
         conn.execute("drop role if exists pgrag_cache_probe")
         conn.execute(f"create role pgrag_cache_probe in role {writer[0]}")
         try:
-            # a role that sees every tenant but may not read shop.orders: refused, not served
             conn.execute("set role pgrag_cache_probe")
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                conn.execute("select pgrag.stats(%s)", (Jsonb(VIP),))
+                conn.execute("select count(*) from shop.orders")
+            assert stats(conn, VIP) == first
+            conn.execute("reset role")
+            assert cached_rows(conn) == stored  # served from the declarer's results
+            roles = conn.execute("select distinct role_name from pgrag.stats_cache").fetchall()
+            assert roles == [("postgres",)] or len(roles) == 1
         finally:
             conn.execute("reset role")
             conn.execute("drop role pgrag_cache_probe")
@@ -598,44 +600,48 @@ def test_a_result_for_a_type_dropped_meanwhile_is_no_error_and_is_pruned(shop_ur
 
 
 def test_the_writer_role_caches_its_own_and_sees_only_its_own(shop_url: str) -> None:
+    """A type and statistics the writer declares run and cache as the writer; row-level
+    security keeps each role to its own cached results; privileges revoked after caching are
+    not bypassed by a cached result."""
     with psycopg.connect(shop_url, autocommit=True) as conn:
         writer = conn.execute("select writer_role from pgrag.settings").fetchone()
         assert writer is not None
-        stats(conn, VIP)  # the superuser's results
-        conn.execute(f"grant select on all tables in schema shop to {writer[0]}")
-        conn.execute(f"grant usage on schema shop to {writer[0]}")
+        stats(conn, VIP)  # the superuser's results (it declared the shop's statistics)
         conn.execute(
-            f"create table shop.owned (n integer); alter table shop.owned owner to {writer[0]}"
+            f"create table shop.owned (k integer primary key, n integer); "
+            f"insert into shop.owned values (1, 5); alter table shop.owned owner to {writer[0]}; "
+            f"grant usage on schema shop to {writer[0]}"
         )
         conn.execute(f"set role {writer[0]}")
         try:
-            assert stats(conn, VIP) == reference(conn, VIP)
-            assert [r[0] for r in cached_rows(conn)] == ["customer_profile", "order_detail"]
-            assert conn.execute(
-                "select count(*) from pgrag.stats_cache where role_name <> current_user"
-            ).fetchone() == (0,)
+            conn.execute(
+                "select pgrag.declare_document('owned', $$select o.k as source_key, "
+                "'owned ' || o.n as text, jsonb_build_object('segment', 'VIP') as metadata "
+                'from shop.owned o$$, \'{"shop.owned": "select k from changed"}\', '
+                'metadata_schema => \'{"segment": "text"}\')'
+            )
+            conn.execute("select pgrag.refresh('owned')")
+            conn.execute(
+                "select pgrag.declare_stats('owned', $q$select jsonb_build_object("
+                "'n', (select sum(n) from shop.owned)) from hits$q$)"
+            )
+            assert "shop.owned" in stats_cache.set_cached(conn, "owned")
+            assert s.stats(conn, filter=VIP, doc_types=["owned"]) == {"owned": {"n": 5}}
+            mine = conn.execute("select doc_type, role_name from pgrag.stats_cache").fetchall()
+            assert mine == [("owned", writer[0])]  # the superuser's rows are not the writer's
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(
                     "insert into pgrag.stats_cache (doc_type, role_name, condition_hash, "
                     "condition, snap, server_started, triggers) values ('order_detail', "
                     "'postgres', '\\x00', 'true', pg_current_snapshot(), now(), '')"
                 )
-            # the writer may cache a type over a table it owns, and remove statistics over
-            # tables it does not own (their triggers stay, with a notice)
-            conn.execute(
-                "select pgrag.declare_stats('order_detail', $q$select jsonb_build_object("
-                "'n', (select count(*) from shop.owned)) from hits$q$)"
-            )
-            assert "shop.owned" in stats_cache.set_cached(conn, "order_detail")
-            conn.execute("select pgrag.declare_stats('customer_profile', null)")
             # privileges revoked after caching: the cached result is not served
-            assert stats(conn, VIP)["order_detail"] == {"n": 0}
             conn.execute("reset role")
-            conn.execute(f"revoke select on shop.owned from {writer[0]}")
             conn.execute(f"alter table shop.owned owner to {conn.info.user}")
+            conn.execute(f"revoke all on shop.owned from {writer[0]}")
             conn.execute(f"set role {writer[0]}")
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                stats(conn, VIP)
+                s.stats(conn, filter=VIP, doc_types=["owned"])
         finally:
             conn.execute("reset role")
 

@@ -9,6 +9,7 @@ declare
     t regclass;
     r name;
     p regprocedure;
+    pol record;
 begin
     if to_regclass('pgrag.settings') is null then
         return;  -- nothing of pgrag here
@@ -42,11 +43,12 @@ begin
     if to_regclass('pgrag.doc_stats') is not null then
         drop trigger if exists pgrag_stats_redeclared on pgrag.doc_stats;
     end if;
-    drop policy if exists chunks_read on pgrag.chunks;
-    drop policy if exists chunks_write on pgrag.chunks;
-    if to_regclass('pgrag.stats_cache') is not null then
-        drop policy if exists stats_cache_own on pgrag.stats_cache;
-    end if;
+    -- Every policy on pgrag's tables.
+    for pol in select p.polname, p.polrelid::regclass as tbl from pg_policy p
+                 join pg_class c on c.oid = p.polrelid
+                where c.relnamespace = 'pgrag'::regnamespace loop
+        execute format('drop policy %I on %s', pol.polname, pol.tbl);
+    end loop;
     -- The grants to the reader and writer roles (revision 0006); the roles stay.
     if exists (select from pg_attribute a where a.attrelid = 'pgrag.settings'::regclass
                                             and a.attname = 'reader_role' and not a.attisdropped)
@@ -56,6 +58,24 @@ begin
             execute format('revoke all on schema pgrag from %I', r);
             execute format('revoke all on all tables in schema pgrag from %I', r);
             execute format('revoke all on public.pgrag_alembic_version from %I', r);
+            if to_regnamespace('pgrag_docs') is not null then
+                execute format('revoke all on schema pgrag_docs from %I', r);
+            end if;
+        end loop;
+    end if;
+    -- The functions generated for declared types (revision 0009), owned by their declarers:
+    -- dropping one takes its owner (or a superuser).
+    if to_regnamespace('pgrag_docs') is not null then
+        for p in select pr.oid::regprocedure from pg_proc pr
+                  where pr.pronamespace = 'pgrag_docs'::regnamespace loop
+            begin
+                execute format('drop function %s', p);
+            exception when insufficient_privilege then
+                raise exception using errcode = 'PR006',
+                    message = format('cannot drop %s: %s', p, sqlerrm),
+                    hint = 'downgrade as a superuser or as a member of the role that declared '
+                           'the type; nothing was changed';
+            end;
         end loop;
     end if;
     -- Every function of schema pgrag but the one its tables use (the chunks' content_hash).

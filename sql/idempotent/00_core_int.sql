@@ -245,3 +245,19 @@ begin
     execute format('comment on policy %I on %s is %L', policy, tbl, mark);
 end
 $$;
+
+
+create or replace function pgrag._may_act_as(owner regrole)
+returns boolean
+language sql stable parallel safe security invoker
+set search_path = pg_catalog, pg_temp
+-- Whether the current user may act as `owner` (be it, or SET ROLE to it: PostgreSQL 16's SET
+-- option, membership before): the rule for changing a document type or its statistics, as for
+-- altering an object PostgreSQL lets its owner's members alter. A superuser may act as anyone.
+return owner is not null
+   and pg_has_role(current_user, owner,
+                   case when current_setting('server_version_num')::integer >= 160000
+                        then 'SET' else 'MEMBER' end);
+
+comment on function pgrag._may_act_as(regrole) is
+    'Whether the current user may act as the given role (SET ROLE to it)';

@@ -2,14 +2,20 @@
 -- every declared type, the sync triggers, and the commit-time render of what a transaction
 -- changed (docs/documents.md, docs/reliability.md).
 --
--- For every declared type pgrag generates, as static SQL inside plpgsql with cached generic
--- plans (a document view can take ~8 ms to plan; a session plans it once), with the settings a
--- key's text depends on pinned (pgrag._pin_output_settings):
---   pgrag.render_<type>(keys)    the source view filtered by keys
---   pgrag.store_<type>(keys)     render + upsert + delete + re-link children + NOTIFY
---   pgrag.sync_<type>_<hash>()   the trigger function of one watched table (key query inlined)
---   pgrag.keys_<type>_<hash>(rows) the key query over queued rows, asked again at commit
--- 99_generated.sql regenerates them whenever these files are applied.
+-- For every declared type pgrag generates, in schema pgrag_docs, as static SQL inside plpgsql
+-- with cached generic plans (a document view can take ~8 ms to plan; a session plans it once),
+-- with the settings a key's text depends on pinned (pgrag._pin_output_settings):
+--   render_<type>(keys)       the source view filtered by keys
+--   store_<type>(keys)        render + upsert + delete + re-link children + NOTIFY
+--   list_<type>()             every source key (pgrag.document_keys)
+--   sync_<type>_<hash>()      the trigger function of one watched table (key query inlined)
+--   keys_<type>_<hash>(rows)  the key query over queued rows, asked again at commit
+--   stats_<type>(filter, doc_types)  the type's declared statistics (40_stats_int.sql)
+-- Each is a security definer function owned by the role that declared the type: what that role
+-- declared (its view, key queries, statistics) runs with its rights and no one else's, whoever
+-- triggers it, as PostgreSQL runs a view with its owner's rights (docs/security.md). They take
+-- keys, rows or a filter (compiled by pgrag), never SQL text. 99_generated.sql regenerates them,
+-- acting as each type's owner, whenever these files are applied.
 
 create or replace function pgrag._redact_text(t text, secrets jsonb, modes jsonb)
 returns text
@@ -114,13 +120,96 @@ comment on function pgrag._redact_jsonb(jsonb, jsonb, jsonb) is
     'pgrag.redact_text on every key and scalar of a JSON value (chunk metadata)';
 
 
+create or replace function pgrag._generated(kind text, doc_type text,
+                                            source_table regclass default null)
+returns text
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+-- The name of a function generated for a declared type, in schema pgrag_docs: render_<type>,
+-- store_<type>, list_<type> (its keys), stats_<type>; sync_<type>_<hash> (the trigger function
+-- of one watched table) and keys_<type>_<hash> (its key query over queued rows), by the table's
+-- qualified name, not its OID, so the name survives a dump and restore.
+return case when kind in ('sync', 'keys')
+            then (select format('%s_%s_%s', kind, doc_type,
+                                left(md5(n.nspname || '.' || c.relname), 10))
+                    from pg_class c join pg_namespace n on n.oid = c.relnamespace
+                   where c.oid = source_table)
+            else format('%s_%s', kind, doc_type) end;
+
+
+create or replace function pgrag._claim_generated(name text)
+returns void
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+-- Before pgrag creates pgrag_docs.<name> for a type, as the role that declared it (the current
+-- user): a function of that name (any arguments) another role owns is dropped if the current
+-- user may (a superuser, a member of that role), else PR003 names it. A type's generated
+-- functions run with their owner's rights, so they are never kept from a role pgrag did not
+-- choose: a writer who created pgrag_docs.store_<type> first must not own the superuser's type.
+declare
+    f record;
+begin
+    for f in select p.oid::regprocedure as fn, p.proowner::regrole as owner
+               from pg_proc p
+              where p.pronamespace = 'pgrag_docs'::regnamespace and p.proname = name
+                and p.proowner <> (select r.oid from pg_roles r where r.rolname = current_user) loop
+        begin
+            execute format('drop function %s', f.fn);
+            raise notice 'pgrag dropped %, which belonged to role %: pgrag creates it as %',
+                f.fn, f.owner, current_user;
+        exception when insufficient_privilege or dependent_objects_still_exist then
+            raise exception using errcode = 'PR003',
+                message = format('%s belongs to role %s, not to %s, who declares the type',
+                                 f.fn, f.owner, current_user),
+                hint = format('drop it (as %s or a superuser), then declare the type again',
+                              f.owner);
+        end;
+    end loop;
+end
+$fn$;
+
+comment on function pgrag._claim_generated(text) is
+    'Drop (or refuse) a function of a generated name that another role owns';
+
+
+create or replace function pgrag._create_generated(name text, args text, ddl text,
+                                                   readers boolean default false)
+returns void
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+-- Create a generated function of a declared type (ddl: its CREATE OR REPLACE, a security
+-- definer) as the current user, who declared the type; executable by the writer role (and the
+-- reader role: readers), never by PUBLIC. A function of the same name but another result is
+-- dropped first (CREATE OR REPLACE cannot change it).
+declare
+    s pgrag.settings;
+    fn regprocedure;
+begin
+    perform pgrag._claim_generated(name);
+    execute pgrag._pin_output_settings(ddl);
+    fn := format('pgrag_docs.%I(%s)', name, args)::regprocedure;
+    select * into strict s from pgrag.settings;
+    execute format('revoke all on function %s from public', fn);
+    execute format('grant execute on function %s to %s', fn,
+                   case when readers then format('%I, %I', s.writer_role, s.reader_role)
+                        else quote_ident(s.writer_role) end);
+end
+$fn$;
+
+
 create or replace function pgrag._create_render_function(doc_type text)
 returns void
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $fn$
 #variable_conflict use_variable
--- (Re)create pgrag.render_<type>(keys) and pgrag.store_<type>(keys) for a declared type.
+-- (Re)create pgrag_docs.render_<type>(keys), store_<type>(keys) and list_<type>() for a declared
+-- type, as the role that declared it (the current user: pgrag.declare_document, or a migration
+-- acting as that role). They are security definer functions owned by that role: the source view
+-- and everything it calls run with the declarer's rights, whoever writes a watched table,
+-- refreshes, rebuilds or verifies. Static SQL inside plpgsql: a session plans the view once.
 declare
     t pgrag.doc_types;
     cols jsonb;
@@ -128,15 +217,19 @@ declare
     md_expr text;
     body_expr text := 'd.text::text';
     tenant_expr text := 'null::text';
-    render_fn text;
     -- The key's exact type, modifiers included, from the catalog (never from doc_types text):
     -- `character(3)` as regtype would be `character`, i.e. char(1), and cut 'ABW' to 'A'.
     key_type text;
-    old_owner regrole;
     upsert text;
     secrets text;
 begin
     select * into strict t from pgrag.doc_types d where d.name = doc_type;
+    if t.owner <> current_user::regrole then
+        raise exception using errcode = 'PR003',
+            message = format('document type %s belongs to role %s; %s may not generate its '
+                             'functions', t.name, t.owner, current_user),
+            hint = format('act as %s (SET ROLE %s), or declare the type again', t.owner, t.owner);
+    end if;
     select jsonb_object_agg(attname, format_type(atttypid, atttypmod)) into cols
       from pg_attribute where attrelid = t.source and attnum > 0 and not attisdropped;
     key_type := cols->>'source_key';
@@ -154,26 +247,17 @@ begin
         body_expr := format('pgrag._redact_text(%s, %s, %L::jsonb)', body_expr, secrets, t.sensitive);
         md_expr := format('pgrag._redact_jsonb(%s, %s, %L::jsonb)', md_expr, secrets, t.sensitive);
     end if;
-    render_fn := format('pgrag.%I', 'render_' || t.name);
 
-    -- Replaced in place, which keeps its owner (the role that declared the type: a migration
-    -- regenerating it must not take it over, or that role could no longer re-declare or drop
-    -- the type). Dropped first only when its result differs, then given back to its owner.
-    old_owner := (select p.proowner::regrole from pg_proc p
-                   where p.oid = to_regprocedure(render_fn || '(text[])'));
-    if old_owner is not null
-       and pg_get_function_result(to_regprocedure(render_fn || '(text[])'))
-           is distinct from 'TABLE(key text, parent text, body text, meta jsonb, tenant text)' then
-        execute format('drop function %s(text[])', render_fn);
-    end if;
-    execute pgrag._pin_output_settings(format($f$
-        create or replace function %s(keys text[])
+    perform pgrag._create_generated(pgrag._generated('render', t.name), 'text[]', format($f$
+        create or replace function pgrag_docs.%1$I(keys text[])
         returns table (key text, parent text, body text, meta jsonb, tenant text)
-        language plpgsql stable security invoker rows 10
+        language plpgsql stable security definer rows 10
         set search_path = pg_catalog, pg_temp
         set plan_cache_mode = force_generic_plan
         @pinned_settings@
         as $body$
+        -- security definer, owned by the role that declared the type: its view runs with that
+        -- role's rights, whoever asks; it takes keys only (cast to the key type, never SQL).
         declare
             changed_keys text[];
             bad_key text;
@@ -198,8 +282,9 @@ begin
                         errcode = 'PR004',
                         message = format('key %%L of %%s reads back as %%L after the cast to its '
                                          'key type %%s: its document would be lost',
-                                         bad_key, %8$L, read_back, %9$L),
-                        hint = 'did the key column''s type change since the declaration? declare the type again to regenerate its functions';
+                                         bad_key, %8$L, read_back, %7$L),
+                        hint = 'did the key column''s type change since the declaration? '
+                               'declare the type again to regenerate its functions';
                 end if;
                 return query select d.source_key::text, %2$s, %3$s, %4$s, %5$s from %6$s d
                              where d.source_key = any(keys::%7$s[]);
@@ -207,18 +292,26 @@ begin
         end
         $body$
         $f$,
-        render_fn, pk_expr, body_expr, md_expr, tenant_expr, t.source,
+        pgrag._generated('render', t.name), pk_expr, body_expr, md_expr, tenant_expr, t.source,
         key_type,  -- format_type() of the catalog: a type name, never SQL of doc_types'
-        t.name, key_type));
-    if old_owner is not null and old_owner <> current_user::regrole then
-        execute format('alter function %s(text[]) owner to %s', render_fn, old_owner);
-    end if;
+        t.name));
+
+    perform pgrag._create_generated(pgrag._generated('list', t.name), '', format($f$
+        create or replace function pgrag_docs.%1$I()
+        returns setof text
+        language sql stable security definer
+        set search_path = pg_catalog, pg_temp
+        @pinned_settings@
+        -- security definer, owned by the role that declared the type: every source key of the
+        -- type, in key order, printed as the render prints them (pgrag.document_keys).
+        as $body$ select d.source_key::text from %2$s d order by d.source_key $body$
+        $f$, pgrag._generated('list', t.name), t.source));
 
     -- The upsert, with separate statements for "these keys" and "all" so each has a good
     -- cached plan (an `or keys is null` would make the keyed one scan the whole type).
     upsert := format($u$
             with src as materialized (
-                select r.key, r.parent, r.body, r.meta, r.tenant from %1$s(keys) r
+                select r.key, r.parent, r.body, r.meta, r.tenant from pgrag_docs.%1$I(keys) r
             ),
             up as (
                 insert into pgrag.chunks as c
@@ -253,16 +346,18 @@ begin
             select (select count(*) from up), (select count(*) from up where pending),
                    (select count(*) from gone)
             into n_up, n_pending, n_gone
-            $u$, render_fn, t.name, t.parent_type);
+            $u$, pgrag._generated('render', t.name), t.name, t.parent_type);
 
-    execute pgrag._pin_output_settings(format($f$
-        create or replace function pgrag.%1$I(keys text[])
+    perform pgrag._create_generated(pgrag._generated('store', t.name), 'text[]', format($f$
+        create or replace function pgrag_docs.%1$I(keys text[])
         returns bigint
-        language plpgsql volatile security invoker
+        language plpgsql volatile security definer
         set search_path = pg_catalog, pg_temp
         set plan_cache_mode = force_generic_plan
         @pinned_settings@
         as $body$
+        -- security definer, owned by the role that declared the type: render (as that role) and
+        -- store the documents of these keys (all when NULL). It takes keys only.
         declare
             n_up bigint;
             n_pending bigint;
@@ -276,10 +371,10 @@ begin
             -- at most 256 lock-table entries per type per transaction); a full refresh locks
             -- the whole type.
             if keys is null then
-                perform pg_advisory_xact_lock(%6$s::bigint);
+                perform pg_advisory_xact_lock(%5$s::bigint);
             else
-                perform pg_advisory_xact_lock_shared(%6$s::bigint);
-                perform pg_advisory_xact_lock(%6$s, b)
+                perform pg_advisory_xact_lock_shared(%5$s::bigint);
+                perform pg_advisory_xact_lock(%5$s, b)
                    from (select distinct hashtext(k) & 255 as b from unnest(keys) as u(k)) d
                   order by b;
             end if;
@@ -290,39 +385,43 @@ begin
                 %3$s;
             end if;
 
-            -- Children rendered before their parent existed find it now.
-            if %4$L::text[] is not null and keys is null then
+            -- Children rendered before their parent existed find it now (the child types as
+            -- declared now: a child declared later needs no new function here).
+            if not exists (select from pgrag.doc_types c where c.parent_type = %4$L) then
+                null;
+            elsif keys is null then
                 update pgrag.chunks ch
                    set parent_id = p.id
                   from pgrag.chunks p
-                 where p.doc_type = %5$L
-                   and ch.doc_type = any(%4$L::text[])
+                 where p.doc_type = %4$L
+                   and ch.doc_type in (select c.name from pgrag.doc_types c
+                                        where c.parent_type = %4$L)
                    and ch.parent_key = p.source_key
                    and ch.parent_id is distinct from p.id;
                 get diagnostics n_linked = row_count;
-            elsif %4$L::text[] is not null then
+            else
                 update pgrag.chunks ch
                    set parent_id = p.id
                   from pgrag.chunks p
-                 where p.doc_type = %5$L
+                 where p.doc_type = %4$L
                    and p.source_key = any(keys)
-                   and ch.doc_type = any(%4$L::text[])
+                   and ch.doc_type in (select c.name from pgrag.doc_types c
+                                        where c.parent_type = %4$L)
                    and ch.parent_key = p.source_key
                    and ch.parent_id is distinct from p.id;
                 get diagnostics n_linked = row_count;
             end if;
 
             if n_pending > 0 then
-                perform pg_notify('pgrag_chunks', %5$L);
+                perform pg_notify('pgrag_chunks', %4$L);
             end if;
             return n_up + n_gone + n_linked;
         end
         $body$
         $f$,
-        'store_' || t.name,
+        pgrag._generated('store', t.name),
         format(upsert, 'true'),
         format(upsert, 'c.source_key = any(keys)'),
-        (select array_agg(c.name order by c.name) from pgrag.doc_types c where c.parent_type = t.name),
         t.name,
         hashtext('pgrag document ' || t.name)));
 end
@@ -367,61 +466,40 @@ end
 $fn$;
 
 
-create or replace function pgrag._sync_function_name(doc_type text, source_table regclass)
-returns text
-language sql stable strict security invoker
-set search_path = pg_catalog, pg_temp
--- by the table's qualified name, not its OID, so the name survives a dump and restore
-return (select format('sync_%s_%s', doc_type, left(md5(n.nspname || '.' || c.relname), 10))
-          from pg_class c join pg_namespace n on n.oid = c.relnamespace
-         where c.oid = source_table);
-
-
 create or replace function pgrag._create_sync_function(doc_type text, source_table regclass)
 returns void
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $fn$
 #variable_conflict use_variable
--- (Re)create the trigger function of one watched table: the key query inlined as static SQL
--- over the statement's transition rows (`changed`), then the keys and the changed rows are
--- queued for the commit-time render (pgrag.sync_now); with `set pgrag.sync = immediate`
--- pgrag._run_sync renders them at once. `set pgrag.sync = off` in a session skips it (bulk
--- loads); run pgrag.refresh(type) after. Also pgrag.keys_<type>_<hash>(changed rows): the key
--- query over queued rows, which the commit-time render asks again on a fresh snapshot.
+-- (Re)create the trigger function of one watched table, pgrag_docs.sync_<type>_<hash>(), and
+-- its key query over queued rows, pgrag_docs.keys_<type>_<hash>(rows), as the role that
+-- declared the type (the current user; security definer functions it owns: the key query runs
+-- with its rights, whoever writes the table). The trigger function runs the key query over the
+-- statement's transition rows (`changed`) and queues the keys with the changed rows for the
+-- commit-time render (pgrag.sync_now); with `set pgrag.sync = immediate` pgrag._run_sync
+-- renders them at once. `set pgrag.sync = off` in a session skips it (bulk loads); run
+-- pgrag.refresh(type) after. Nothing here plans or runs the key query: a declaration checks it
+-- as its declarer (pgrag.declare_document); a migration regenerating it only creates functions.
 declare
     kq text;
     keys_sql text := E'select array_agg(distinct q.k::text) into keys from (%s\n) as q(k) where q.k is not null';
-    queue_block text := '';
+    queue_block text;
+    owner regrole;
 begin
-    select w.key_query into strict kq
-      from pgrag.doc_watches w
+    select w.key_query, d.owner into strict kq, owner
+      from pgrag.doc_watches w join pgrag.doc_types d on d.name = w.doc_type
      where w.doc_type = _create_sync_function.doc_type
        and w.source_table = _create_sync_function.source_table;
-    -- One SELECT, also for key queries stored before declarations checked this. Checking
-    -- plans the query, and planning may run immutable functions it calls: so only as the role
-    -- that owns the trigger function already (or when there is none yet, at declaration), never
-    -- as a migrating role regenerating a function another role declared.
-    begin
-        if coalesce((select p.proowner = (select oid from pg_roles where rolname = current_user)
-                       from pg_proc p
-                      where p.oid = to_regprocedure(format('pgrag.%I()',
-                                        pgrag._sync_function_name(doc_type, source_table)))),
-                    true) then
-            perform pgrag._check_one_statement(format(
-                E'with changed as (select * from %s limit 0) select q.k from (%s\n) as q(k)',
-                source_table, kq));
-        end if;
-    exception when others then
+    if owner <> current_user::regrole then
         raise exception using errcode = 'PR003',
-            message = format('the key query of %s for %s is not one SELECT: %s',
-                             doc_type, source_table, sqlerrm),
-            hint = 'declare the type again with a key query that is one SELECT, or drop it';
-    end;
-    begin
-        -- Queue the keys with the statement's rows (as the table's row type, in text), and
-        -- this transaction's marker, whose deferred trigger renders the queue at commit.
-        queue_block := format($q$
+            message = format('document type %s belongs to role %s; %s may not generate its '
+                             'functions', doc_type, owner, current_user),
+            hint = format('act as %s (SET ROLE %s), or declare the type again', owner, owner);
+    end if;
+    -- Queue the keys with the statement's rows (as the table's row type, in text), and this
+    -- transaction's marker, whose deferred trigger renders the queue at commit.
+    queue_block := format($q$
             if coalesce(current_setting('pgrag.sync', true), '') <> 'immediate' then
                 if tg_op = 'TRUNCATE' then
                     insert into pgrag.sync_queue (doc_type, source_table, op)
@@ -453,16 +531,21 @@ begin
                 end if;
                 return null;
             end if;$q$, doc_type, format(keys_sql, kq));
-        execute pgrag._pin_output_settings(format($f$
-            create or replace function pgrag.%1$I(changed_rows text)
+    -- Bodies go in as quoted literals (%L), never between dollar quotes: a key query that
+    -- contains `$body$` cannot end the body early and add code of its own.
+    perform pgrag._create_generated(pgrag._generated('keys', doc_type, source_table), 'text',
+        format($f$
+            create or replace function pgrag_docs.%1$I(changed_rows text)
             returns text[]
-            language plpgsql volatile security invoker
+            language plpgsql volatile security definer
             set search_path = pg_catalog, pg_temp
             @pinned_settings@
             as %2$L
             $f$,
-            regexp_replace(pgrag._sync_function_name(doc_type, source_table), '^sync_', 'keys_'),
+            pgrag._generated('keys', doc_type, source_table),
             format($body$
+            -- security definer, owned by the role that declared the type: its key query over
+            -- queued rows (of this table's row type), as that role.
             declare
                 keys text[];
             begin
@@ -470,19 +553,19 @@ begin
                 return keys;
             end
             $body$, source_table, format(keys_sql, kq))));
-    end;
-    -- The body goes in as a quoted literal (%L), never between dollar quotes: a key query that
-    -- contains `$body$` cannot end the body early and add code of its own.
-    execute pgrag._pin_output_settings(format($f$
-        create or replace function pgrag.%1$I()
+    perform pgrag._create_generated(pgrag._generated('sync', doc_type, source_table), '',
+        format($f$
+        create or replace function pgrag_docs.%1$I()
         returns trigger
-        language plpgsql volatile security invoker
+        language plpgsql volatile security definer
         set search_path = pg_catalog, pg_temp
         @pinned_settings@
         as %2$L
         $f$,
-        pgrag._sync_function_name(doc_type, source_table),
+        pgrag._generated('sync', doc_type, source_table),
         format($body$
+        -- security definer, owned by the role that declared the type: the key query runs as
+        -- that role, whoever writes the table.
         declare
             keys text[];
             done text[] := '{}';
@@ -528,6 +611,8 @@ language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $fn$
 #variable_conflict use_variable
+-- Drop the sync triggers of one watched table and their generated functions (dropping a
+-- trigger takes the table's owner; the functions, the type's declarer).
 declare
     suffix text;
 begin
@@ -536,14 +621,11 @@ begin
             execute format('drop trigger if exists %I on %s',
                            format('pgrag_%s_%s', doc_type, suffix), source_table);
         end loop;
+        execute format('drop function if exists pgrag_docs.%I()',
+                       pgrag._generated('sync', doc_type, source_table));
+        execute format('drop function if exists pgrag_docs.%I(text)',
+                       pgrag._generated('keys', doc_type, source_table));
     end if;  -- else the table is gone, and its triggers with it (drop_document sweeps the rest)
-    if pgrag._sync_function_name(doc_type, source_table) is not null then
-        execute format('drop function if exists pgrag.%I()',
-                       pgrag._sync_function_name(doc_type, source_table));
-        execute format('drop function if exists pgrag.%I(text)',
-                       regexp_replace(pgrag._sync_function_name(doc_type, source_table),
-                                      '^sync_', 'keys_'));
-    end if;
 end
 $fn$;
 
@@ -554,26 +636,28 @@ language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $fn$
 #variable_conflict use_variable
+-- The trigger function of one watched table (pgrag._create_sync_function) and its four statement
+-- triggers, created or re-pointed (CREATE OR REPLACE TRIGGER), as the role that declared the type.
 declare
     prefix text := format('pgrag_%s_', doc_type);
-    fn text := format('pgrag.%I', pgrag._sync_function_name(doc_type, source_table));
+    fn text := format('pgrag_docs.%I', pgrag._generated('sync', doc_type, source_table));
+    t record;
 begin
     perform pgrag._create_sync_function(doc_type, source_table);
-    execute format(
-        'create trigger %I after insert on %s referencing new table as pgrag_new'
-        ' for each statement execute function %s()',
-        prefix || 'ins', source_table, fn);
-    execute format(
-        'create trigger %I after update on %s referencing old table as pgrag_old new table as pgrag_new'
-        ' for each statement execute function %s()',
-        prefix || 'upd', source_table, fn);
-    execute format(
-        'create trigger %I after delete on %s referencing old table as pgrag_old'
-        ' for each statement execute function %s()',
-        prefix || 'del', source_table, fn);
-    execute format(
-        'create trigger %I after truncate on %s for each statement execute function %s()',
-        prefix || 'trn', source_table, fn);
+    for t in select * from (values
+        ('ins', 'after insert on %s referencing new table as pgrag_new'),
+        ('upd', 'after update on %s referencing old table as pgrag_old new table as pgrag_new'),
+        ('del', 'after delete on %s referencing old table as pgrag_old'),
+        ('trn', 'after truncate on %s')) v(suffix, event) loop
+        -- (unchanged: not re-created, which would lock the table against its writers)
+        continue when exists (select from pg_trigger tg
+                               where tg.tgrelid = source_table
+                                 and tg.tgname = prefix || t.suffix
+                                 and tg.tgfoid = (fn || '()')::regprocedure);
+        execute format('create or replace trigger %I ' || t.event
+                       || ' for each statement execute function %s()',
+                       prefix || t.suffix, source_table, fn);
+    end loop;
 end
 $fn$;
 

@@ -92,9 +92,17 @@ begin
             hint = 'omit (cut the value out) or mask (replace it with [masked <column>])';
     end if;
 
-    -- replacing: remove the old triggers and generated view first (same transaction)
+    -- replacing: only as (a member of) the role that declared it; remove the old triggers and
+    -- generated view first (same transaction)
     select * into old from pgrag.doc_types d where d.name = declare_document.name;
-    if found then
+    if found and not pgrag._may_act_as(old.owner) then
+        raise exception using errcode = 'PR003',
+            message = format('document type %s belongs to role %s, not to %s',
+                             declare_document.name, old.owner, current_user),
+            hint = format('declare it as %s (SET ROLE %s) or a member of it, or choose another '
+                          'name', old.owner, old.owner);
+    end if;
+    if old.name is not null then
         for w in select * from pgrag.doc_watches dw where dw.doc_type = old.name loop
             perform pgrag._drop_sync_triggers(old.name, w.source_table);
         end loop;
@@ -108,13 +116,13 @@ begin
     if source ~* '^\s*(select|with|values|table)\s' then
         begin
             perform pgrag._check_one_statement(format(E'select * from (%s\n) as s', source));
-            execute format('create view pgrag.%I as %s', view_name, source);
+            execute format('create view pgrag_docs.%I as %s', view_name, source);
         exception when others then
             raise exception using errcode = 'PR003',
                 message = format('the source query of %s does not compile: %s', declare_document.name, sqlerrm),
                 hint = 'schema-qualify every table; the query must yield source_key, text[, parent_key][, metadata]';
         end;
-        src := format('pgrag.%I', view_name)::regclass;
+        src := format('pgrag_docs.%I', view_name)::regclass;
         owns := true;
     else
         src := to_regclass(source);
@@ -189,21 +197,22 @@ begin
             hint = 'one row per document: group by the key, or aggregate the rows of each key';
     end if;
 
+    -- The declaring role owns the type: its generated functions are that role's and run with
+    -- its rights (row-level security on pgrag.doc_types lets a role record itself only).
     insert into pgrag.doc_types as d (name, source, owns_source, key_type, parent_type,
-                                      metadata_schema, tenant_column, sensitive)
+                                      metadata_schema, tenant_column, sensitive, owner)
     values (declare_document.name, src, owns, ktype, parent_type, metadata_schema, tenant_column,
-            sensitive)
+            sensitive, current_user::regrole)
     on conflict on constraint doc_types_pkey do update
     set source = excluded.source, owns_source = excluded.owns_source, key_type = excluded.key_type,
         parent_type = excluded.parent_type, metadata_schema = excluded.metadata_schema,
         tenant_column = excluded.tenant_column, sensitive = excluded.sensitive,
-        updated_at = now();
+        owner = excluded.owner, updated_at = now();
+    update pgrag.doc_stats s set owner = current_user::regrole
+     where s.doc_type = declare_document.name and s.owner <> current_user::regrole;
     perform pgrag._create_render_function(declare_document.name);
-    if parent_type is not null then
-        perform pgrag._create_render_function(parent_type);  -- its store function re-links children
-    end if;
-    if old.parent_type is not null and old.parent_type is distinct from parent_type then
-        perform pgrag._create_render_function(old.parent_type);  -- no longer its child
+    if exists (select from pgrag.doc_stats s where s.doc_type = declare_document.name) then
+        perform pgrag._create_stats_function(declare_document.name);
     end if;
 
     -- the watched tables: each must exist and its key query must compile against it
@@ -271,6 +280,12 @@ begin
             message = format('document type %s is not declared', drop_document.name),
             hint = '`pgrag documents list` shows the declared types';
     end if;
+    if not pgrag._may_act_as(t.owner) then
+        raise exception using errcode = 'PR003',
+            message = format('document type %s belongs to role %s, not to %s',
+                             t.name, t.owner, current_user),
+            hint = format('drop it as %s (SET ROLE %s) or a member of it', t.owner, t.owner);
+    end if;
     select string_agg(d.name, ', ') into children from pgrag.doc_types d where d.parent_type = t.name;
     if children is not null then
         raise exception using errcode = 'PR003',
@@ -285,18 +300,16 @@ begin
         get diagnostics n = row_count;
     end if;
     delete from pgrag.doc_types d where d.name = t.name;
-    execute format('drop function if exists pgrag.%I(text[])', 'store_' || t.name);
-    execute format('drop function if exists pgrag.%I(text[])', 'render_' || t.name);
-    -- trigger functions of tables dropped meanwhile
+    -- its generated functions, trigger functions of tables dropped meanwhile included
     for w in select p.oid::regprocedure as fn from pg_proc p
-              where p.pronamespace = 'pgrag'::regnamespace
-                and p.proname ~ ('^(sync|keys)_' || t.name || '_[0-9a-f]{10}$') loop
+              where p.pronamespace = 'pgrag_docs'::regnamespace
+                and (p.proname in (pgrag._generated('render', t.name),
+                                   pgrag._generated('store', t.name),
+                                   pgrag._generated('list', t.name),
+                                   pgrag._generated('stats', t.name))
+                     or p.proname ~ ('^(sync|keys)_' || t.name || '_[0-9a-f]{10}$')) loop
         execute format('drop function if exists %s', w.fn);
     end loop;
-    -- the parent's store function stops re-linking this type's chunks
-    if t.parent_type is not null then
-        perform pgrag._create_render_function(t.parent_type);
-    end if;
     if t.owns_source and exists (select 1 from pg_class where oid = t.source) then
         execute format('drop view %s', t.source);
     end if;
@@ -331,7 +344,8 @@ begin
     if keys is not null and cardinality(keys) = 0 then
         return 0;
     end if;
-    execute format('select pgrag.%I($1)', 'store_' || doc_type) into n using keys;
+    execute format('select pgrag_docs.%I($1::text[])', pgrag._generated('store', doc_type))
+       into n using keys;
     return n;
 end
 $fn$;
@@ -371,7 +385,7 @@ begin
             with src as (
                 select r.key as source_key, r.parent as parent_key, r.body as text,
                        r.meta as metadata
-                from pgrag.%I(null) as r
+                from pgrag_docs.%I(null::text[]) as r
             ),
             ch as (
                 select c.source_key, c.parent_key, c.text, c.metadata, p.source_key as linked_key
@@ -397,7 +411,7 @@ begin
                or ($2 is not null and ch.linked_key is distinct from ch.parent_key)
             order by 2
             $sql$,
-            'render_' || t.name)
+            pgrag._generated('render', t.name))
         using t.name, t.parent_type;
     end loop;
 end
@@ -407,33 +421,24 @@ comment on function pgrag.verify(text) is
     'Differences between the declared source views and the stored chunks (none = in sync)';
 
 
-do $do$
-begin
-    execute pgrag._pin_output_settings($def$
 create or replace function pgrag.document_keys(doc_type text)
 returns setof text
 language plpgsql stable security invoker
 set search_path = pg_catalog, pg_temp
-@pinned_settings@
 as $fn$
 #variable_conflict use_variable
 -- Every source key a document type renders, in key order (for batched rebuilds), printed as the
--- generated functions print them (the settings pinned above).
-declare
-    src regclass;
+-- render prints them: pgrag_docs.list_<type>(), which runs the source view as its declarer.
 begin
-    select d.source into src from pgrag.doc_types d where d.name = document_keys.doc_type;
-    if src is null then
+    if not exists (select from pgrag.doc_types d where d.name = document_keys.doc_type) then
         raise exception using errcode = 'PR003',
             message = format('document type %s is not declared', document_keys.doc_type),
             hint = '`pgrag documents list` shows the declared types';
     end if;
-    return query execute format('select d.source_key::text from %s d order by d.source_key', src);
+    return query execute format('select k from pgrag_docs.%I() k',
+                                pgrag._generated('list', document_keys.doc_type));
 end
-$fn$
-$def$);
-end
-$do$;
+$fn$;
 
 comment on function pgrag.document_keys(text) is
     'Every source key a document type renders, as pgrag prints keys (for batched rebuilds)';
@@ -514,12 +519,10 @@ begin
             continue when item.changed is null
                        or jsonb_typeof(done -> item.doc_type) = 'null'
                        or jsonb_typeof(todo -> item.doc_type) = 'null'
-                       or to_regprocedure(format('pgrag.%I(text)', regexp_replace(
-                              pgrag._sync_function_name(item.doc_type, item.source_table),
-                              '^sync_', 'keys_'))) is null;
-            execute format('select pgrag.%I($1)', regexp_replace(
-                               pgrag._sync_function_name(item.doc_type, item.source_table),
-                               '^sync_', 'keys_'))
+                       or to_regprocedure(format('pgrag_docs.%I(text)', pgrag._generated(
+                              'keys', item.doc_type, item.source_table))) is null;
+            execute format('select pgrag_docs.%I($1::text)',
+                           pgrag._generated('keys', item.doc_type, item.source_table))
                into found_keys using item.changed;
             found_keys := array(select k from unnest(found_keys) as u(k)
                                 except select jsonb_array_elements_text(

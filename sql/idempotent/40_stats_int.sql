@@ -1,6 +1,7 @@
--- Exact statistics, internals: the statement every statistics call runs, the reader's path
--- (a security definer), and the statistics cache: a type's exact statistics for a filter,
--- computed once and reused while no table its declared query reads has changed.
+-- Exact statistics, internals: the statement every statistics call runs, the generated function
+-- that runs a type's declared statistics as their declarer (pgrag_docs.stats_<type>, its body
+-- pgrag._type_stats), and the statistics cache: a type's exact statistics for a filter, computed
+-- once and reused while no table its declared query reads has changed.
 --
 -- The statistics cache. docs/search.md ("The statistics cache") explains the design; this is
 -- the argument that a cached result is exact.
@@ -36,15 +37,17 @@
 -- Rows of stats_changes below the horizon are pruned (pgrag.prune_stats_changes); a result
 -- whose S.xmin is below the horizon could miss a pruned row in 2, so it is not used.
 --
--- Who: a result is reused only by the role that computed it (its privileges ran the query;
--- row-level security on pgrag.stats_cache keeps every role to its own rows), and only for
--- sessions that see every tenant: a reader's statistics (row-level security on the chunks)
--- are computed every time, through pgrag.reader_doc_type_stats as before. SERIALIZABLE
+-- Who: a result is computed and reused by the role that declared the statistics (they run as
+-- that role, in pgrag_docs.stats_<type>; row-level security on pgrag.stats_cache keeps every
+-- role to its own rows), and only for sessions that see every tenant: a reader's statistics
+-- (its tenant's chunks only) are computed every time. SERIALIZABLE
 -- transactions neither read nor store results (the cache's reads would add serialization
 -- conflicts between searches).
 
-create or replace function pgrag._stats_statement(stats_sql text, hits_where text,
-                                                 materialized boolean default false)
+-- (its earlier three-argument form would make two-argument calls ambiguous)
+drop function if exists pgrag._stats_statement(text, text, boolean);
+
+create or replace function pgrag._stats_statement(stats_sql text, hits_where text)
 returns text
 language sql immutable parallel safe security invoker
 set search_path = pg_catalog, pg_temp
@@ -52,84 +55,16 @@ set search_path = pg_catalog, pg_temp
 -- CTE hits, its chunks matching hits_where (alias c). The newline ends a `--` comment the
 -- declared query may end with.
 return format(
-    'with hits as %s(select c.id, c.doc_type, c.source_key, c.parent_id, c.parent_key, '
+    'with hits as (select c.id, c.doc_type, c.source_key, c.parent_id, c.parent_key, '
     'c.metadata, c.text from pgrag.chunks c where %s) '
-    'select s.stats::jsonb from (%s',
-    case when materialized then 'materialized ' else '' end, hits_where, stats_sql)
+    'select s.stats::jsonb from (%s', hits_where, stats_sql)
     || E'\n) as s(stats)';
 
-comment on function pgrag._stats_statement(text, text, boolean) is
+comment on function pgrag._stats_statement(text, text) is
     'The statement of a statistics call: the declared query over the CTE hits (its columns '
     'defined here once)';
 
 
-create or replace function pgrag._reader_doc_type_stats(doc_type text, chunk_ids bigint[])
-returns jsonb
-language plpgsql stable security definer
-set search_path = pg_catalog, pg_temp
-as $$
--- security definer, owned by the writer role (below): a reader gets exact aggregates over the
--- source tables without SELECT on them, which the writer role holds. Why it is safe:
---   * the query it runs is the type's pgrag.doc_stats.stats_sql, which only the writer role may
---     declare (pgrag.declare_stats), and it runs with the writer role's privileges, no more;
---   * the caller's arguments are bound parameters, never spliced into SQL;
---   * hits holds only the chunks the calling session may see: row-level security does not
---     apply to the writer role, so the chunks policy is applied here, for the session's role
---     and tenant (pgrag.current_tenant, pgrag.sees_all_tenants), whatever ids are passed.
-declare
-    body text;
-    result jsonb;
-begin
-    select s.stats_sql into body
-      from pgrag.doc_stats s where s.doc_type = _reader_doc_type_stats.doc_type;
-    if body is null then
-        return null;
-    end if;
-    execute pgrag._stats_statement(
-        body,
-        'c.id = any($1) and c.doc_type = $2 and (c.tenant is null or c.tenant = $3 or $4)',
-        true)
-        into result using chunk_ids, doc_type, pgrag.current_tenant(), pgrag._sees_all_tenants();
-    return result;
-end
-$$;
-
-comment on function pgrag._reader_doc_type_stats(text, bigint[]) is
-    'A document type''s statistics over the given chunks the session may see; security definer, '
-    'owned by the writer role, so readers need no SELECT on source tables';
-
-
-create or replace function pgrag._doc_type_stats(doc_type text, chunk_ids bigint[])
-returns jsonb
-language plpgsql stable security invoker
-set search_path = pg_catalog, pg_temp
-as $$
--- A session that sees every tenant (the owner, the writer, a superuser) runs the declared query
--- itself, with its own privileges. Any other (a reader) gets it from
--- pgrag.reader_doc_type_stats, over the chunks it may see.
-declare
-    body text;
-    result jsonb;
-begin
-    if not pgrag._sees_all_tenants() then
-        return pgrag._reader_doc_type_stats(doc_type, chunk_ids);
-    end if;
-    select s.stats_sql into body from pgrag.doc_stats s where s.doc_type = _doc_type_stats.doc_type;
-    if body is null then
-        return null;
-    end if;
-    execute pgrag._stats_statement(body, 'c.id = any($1) and c.doc_type = $2', true)
-        into result using chunk_ids, doc_type;
-    return result;
-end
-$$;
-
-comment on function pgrag._doc_type_stats(text, bigint[]) is
-    'Run the declared statistics query of a document type over the given chunks (the CTE hits); '
-    'readers through pgrag.reader_doc_type_stats';
-
-
--- The columns of pgrag.chunks a statistics query may read: those the chunks' trigger watches.
 create or replace function pgrag._stats_chunk_columns()
 returns text[]
 language sql immutable parallel safe security invoker
@@ -438,7 +373,10 @@ return (
     select (c).server_started = pg_postmaster_start_time()
        and (c).triggers = state
        and not exists (select from pg_class t
-                        where t.oid = any(deps::oid[]) and t.oid <> 'pgrag.chunks'::regclass
+                        where t.oid = any(deps::oid[])
+                          -- pgrag's own: the chunks' policies are applied by who computes (a
+                          -- reader's are never cached), doc_stats' guard its writes only
+                          and t.oid not in ('pgrag.chunks'::regclass, 'pgrag.doc_stats'::regclass)
                           and (t.relrowsecurity or t.relhassubclass))
        and not exists (select from pg_class t
                         where t.oid = any(deps::oid[])
@@ -577,58 +515,67 @@ comment on function pgrag._prune_stats_changes() is
     'Drop stale cached statistics and the rows of pgrag.stats_changes none still needs';
 
 
--- The search statement calls it to say which statistics were a cache hit.
-create or replace function pgrag._doc_type_stats_lookup(
-    doc_type text, condition text, out stats jsonb, out cached boolean)
+create or replace function pgrag._type_stats(doc_type text, filter jsonb, doc_types text[],
+                                             out stats jsonb, out cached boolean)
 language plpgsql stable security invoker
 set search_path = pg_catalog, pg_temp
 as $$
 #variable_conflict use_variable
--- pgrag.doc_type_stats over the chunks (alias c) of doc_type matching `condition`, a boolean
--- SQL expression with its values written as literals (the Python client's compiled filter):
--- for a session that sees every tenant, the declared query runs over those chunks in one pass,
--- or its cached result is returned when still exact (pgrag.cache_stats; the top of
--- this file), with cached = true. Any other session (a reader) gets
--- pgrag.reader_doc_type_stats over the ids it may see, computed every time. It runs as the
--- caller; through a cursor, which refuses a string of several statements
--- (pgrag.check_one_statement). The query and the snapshot it reads are those of the calling
--- statement (stable), so the result matches its search.
+-- The body of pgrag_docs.stats_<type>(filter, doc_types), the security definer function owned by
+-- the role that declared the type's statistics: inside it, this runs as that role, and the
+-- declared query runs with its rights, whoever asks (a reader, the writer, a superuser). It
+-- refuses to run as anyone else: calling it directly must not run another role's SQL.
+--   hits: the type's chunks matching the filter (compiled here, from the filter language; never
+--   SQL text from the caller) and, for a session that does not see every tenant, only its
+--   tenant's and the shared chunks (pgrag.current_tenant of the calling session).
+--   A session that sees every tenant gets the cached result when it is still exact
+--   (pgrag.cache_stats; the top of this file), with cached = true, and stores a result it
+--   computed. A reader's statistics are computed every time.
+-- Stable: the query and the snapshot it reads are those of the calling statement, so the result
+-- matches its search.
 declare
-    body text;
-    deps regclass[];
+    s pgrag.doc_stats;
+    condition text;
     key bytea;
     state text;
     cur refcursor;
+    all_tenants boolean := pgrag._sees_all_tenants();
 begin
     cached := false;
-    if not pgrag._sees_all_tenants() then
-        open cur no scroll for execute format(
-            'select pgrag._reader_doc_type_stats($1, array(select c.id from pgrag.chunks c '
-            'where c.doc_type = $1 and (%s)))', condition)
-            using doc_type;
-        fetch cur into stats;
-        close cur;
+    select * into s from pgrag.doc_stats d where d.doc_type = _type_stats.doc_type;
+    if not found then
         return;
     end if;
-    select s.stats_sql, s.cache_deps into body, deps
-      from pgrag.doc_stats s where s.doc_type = doc_type;
-    if body is null then
-        return;
+    if s.owner <> current_user::regrole then
+        raise exception using errcode = 'PR006',
+            message = format('the statistics of %s run as %s, who declared them, not as %s',
+                             doc_type, s.owner, current_user),
+            hint = 'ask for them with pgrag.stats or pgrag.stats_detail';
     end if;
-    if deps is not null and pgrag._stats_cache_usable() then
+    condition := format('c.doc_type = %L and %s', doc_type,
+                        pgrag._filter_sql(filter, pgrag._filter_schema(doc_types)));
+    if doc_types is not null then
+        condition := condition || format(' and c.doc_type = any(%L::text[])', doc_types);
+    end if;
+    if not all_tenants then
+        -- row-level security does not apply to the declarer's role inside this function: the
+        -- chunks policy is applied here, for the calling session's tenant
+        condition := condition || format(' and (c.tenant is null or c.tenant = %L)',
+                                         pgrag.current_tenant());
+    end if;
+    if all_tenants and s.cache_deps is not null and pgrag._stats_cache_usable() then
         key := sha256(convert_to(condition || E'\x1e' || pgrag._stats_settings_key(), 'UTF8'));
-        state := pgrag._stats_triggers_state(deps);  -- in this statement's snapshot
+        state := pgrag._stats_triggers_state(s.cache_deps);  -- in this statement's snapshot
         select c.stats into stats from pgrag.stats_cache c
-         where c.doc_type = doc_type and c.role_name = current_user
-           and c.condition_hash = key and pgrag._stats_cache_valid(c, deps, state);
+         where c.doc_type = _type_stats.doc_type and c.role_name = current_user
+           and c.condition_hash = key and pgrag._stats_cache_valid(c, s.cache_deps, state);
         if found then
             cached := true;
             return;
         end if;
     end if;
-    open cur no scroll for execute
-        pgrag._stats_statement(body, format('c.doc_type = $1 and (%s)', condition))
-        using doc_type;
+    -- through a cursor, which refuses a string of several statements
+    open cur no scroll for execute pgrag._stats_statement(s.stats_sql, condition);
     fetch cur into stats;
     close cur;
     if key is not null then
@@ -638,21 +585,43 @@ begin
 end
 $$;
 
-comment on function pgrag._doc_type_stats_lookup(text, text) is
-    'pgrag.doc_type_stats_where with whether the result came from the statistics cache';
+comment on function pgrag._type_stats(text, jsonb, text[]) is
+    'The body of pgrag_docs.stats_<type>: the declared statistics over the chunks matching a '
+    'filter, as the role that declared them, cached when exact';
 
 
-create or replace function pgrag._doc_type_stats_where(doc_type text, condition text)
-returns jsonb
-language sql stable security invoker
+create or replace function pgrag._create_stats_function(doc_type text)
+returns void
+language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
-as $$
-    select l.stats from pgrag._doc_type_stats_lookup(doc_type, condition) l
-$$;
-
-comment on function pgrag._doc_type_stats_where(text, text) is
-    'A document type''s statistics over its chunks matching a condition with literal values, '
-    'in one pass or from the statistics cache (readers through pgrag.reader_doc_type_stats)';
+as $fn$
+#variable_conflict use_variable
+-- (Re)create pgrag_docs.stats_<type>(filter, doc_types), as the role that declared the type's
+-- statistics (the current user): a security definer function it owns, executable by the reader
+-- and writer roles, which runs pgrag._type_stats, so the declared query runs with the
+-- declarer's rights for every caller. It takes a filter (the filter language), never SQL.
+declare
+    owner regrole;
+begin
+    select s.owner into strict owner from pgrag.doc_stats s where s.doc_type = _create_stats_function.doc_type;
+    if owner <> current_user::regrole then
+        raise exception using errcode = 'PR003',
+            message = format('the statistics of %s belong to role %s; %s may not generate their '
+                             'function', doc_type, owner, current_user),
+            hint = format('act as %s (SET ROLE %s), or declare the statistics again',
+                          owner, owner);
+    end if;
+    perform pgrag._create_generated(pgrag._generated('stats', doc_type), 'jsonb, text[]', format($f$
+        create or replace function pgrag_docs.%1$I(filter jsonb, doc_types text[],
+                                                   out stats jsonb, out cached boolean)
+        language sql stable security definer
+        set search_path = pg_catalog, pg_temp
+        -- security definer, owned by the role that declared the statistics: they run with that
+        -- role's rights, whoever asks; it takes a filter, never SQL.
+        as $body$ select * from pgrag._type_stats(%2$L, filter, doc_types) $body$
+        $f$, pgrag._generated('stats', doc_type), doc_type), readers => true);
+end
+$fn$;
 
 
 create or replace function pgrag.stats_changed()

@@ -6,19 +6,33 @@ returns void
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $$
+-- The declaring role (the current user, who must be able to act as the type's owner) owns the
+-- statistics: they run as that role for every caller, through pgrag_docs.stats_<type>.
+declare
+    t pgrag.doc_types;
 begin
-    if not exists (select 1 from pgrag.doc_types t where t.name = declare_stats.doc_type) then
+    select * into t from pgrag.doc_types d where d.name = declare_stats.doc_type;
+    if not found then
         raise exception using
             errcode = 'PR003',
             message = format('document type %s is not declared', doc_type),
             hint = 'declare it first with pgrag.declare_document, then its statistics';
     end if;
+    if not pgrag._may_act_as(t.owner) then
+        raise exception using errcode = 'PR003',
+            message = format('document type %s belongs to role %s, not to %s',
+                             doc_type, t.owner, current_user),
+            hint = format('declare its statistics as %s (SET ROLE %s) or a member of it',
+                          t.owner, t.owner);
+    end if;
     if stats_sql is null then
         delete from pgrag.doc_stats s where s.doc_type = declare_stats.doc_type;
+        execute format('drop function if exists pgrag_docs.%I(jsonb, text[])',
+                       pgrag._generated('stats', doc_type));
         return;
     end if;
-    -- Compile and run it once over no rows: a query that does not parse, names a missing
-    -- table, or does not return one jsonb column fails here, not in a user's search.
+    -- Compile and run it once over no rows, as the declarer: a query that does not parse, names
+    -- a missing table, or does not return one jsonb column fails here, not in a user's search.
     begin
         -- (one statement: a `;` after a closing parenthesis cannot add statements of its own)
         perform pgrag._check_one_statement(pgrag._stats_statement(stats_sql, 'false'));
@@ -30,10 +44,11 @@ begin
             hint = 'write one SELECT returning one jsonb over the CTE hits (id, doc_type, '
                    'source_key, parent_id, parent_key, metadata, text), schema-qualifying tables';
     end;
-    insert into pgrag.doc_stats as s (doc_type, stats_sql)
-    values (declare_stats.doc_type, stats_sql)
+    insert into pgrag.doc_stats as s (doc_type, stats_sql, owner)
+    values (declare_stats.doc_type, stats_sql, current_user::regrole)
     on conflict on constraint doc_stats_pkey
-    do update set stats_sql = excluded.stats_sql, updated_at = now();
+    do update set stats_sql = excluded.stats_sql, owner = excluded.owner, updated_at = now();
+    perform pgrag._create_stats_function(doc_type);
 end
 $$;
 
@@ -53,21 +68,25 @@ as $$
 -- language), for the types with declared statistics among doc_types (all when NULL), and
 -- whether the result came from the statistics cache.
 declare
-    condition text;
+    t record;
+    one record;
 begin
     if doc_types is not null then
         perform pgrag._check_names(doc_types, 'doc_types');
     end if;
-    condition := pgrag._filter_sql(filter, pgrag._filter_schema(doc_types));
-    if doc_types is not null then
-        condition := format('(%s) and c.doc_type = any(%L::text[])', condition, doc_types);
-    end if;
-    return query
-        select s.doc_type, l.stats, l.cached
-          from pgrag.doc_stats s
-         cross join lateral pgrag._doc_type_stats_lookup(s.doc_type, condition) l
-         where stats_detail.doc_types is null or s.doc_type = any(stats_detail.doc_types)
-         order by s.doc_type;
+    perform pgrag._filter_sql(filter, pgrag._filter_schema(doc_types));  -- PR005 before any type
+    -- each type's statistics run as their declarer (pgrag_docs.stats_<type>)
+    for t in select s.doc_type from pgrag.doc_stats s
+              where stats_detail.doc_types is null or s.doc_type = any(stats_detail.doc_types)
+              order by s.doc_type loop
+        execute format('select * from pgrag_docs.%I($1::jsonb, $2::text[])',
+                       pgrag._generated('stats', t.doc_type))
+           into one using filter, stats_detail.doc_types;
+        doc_type := t.doc_type;
+        stats := one.stats;
+        cached := one.cached;
+        return next;
+    end loop;
 end
 $$;
 
@@ -105,7 +124,15 @@ as $$
 -- through DML (ALTER TABLE ... TYPE), which no trigger sees.
 declare
     deps regclass[];
+    owner regrole;
 begin
+    select s.owner into owner from pgrag.doc_stats s where s.doc_type = cache_stats.doc_type;
+    if owner is not null and not pgrag._may_act_as(owner) then
+        raise exception using errcode = 'PR003',
+            message = format('the statistics of %s belong to role %s, not to %s',
+                             doc_type, owner, current_user),
+            hint = format('cache them as %s (SET ROLE %s) or a member of it', owner, owner);
+    end if;
     if enabled then
         if pgrag._stats_database_subscribed() then
             raise exception using errcode = 'PR003',

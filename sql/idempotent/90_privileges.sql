@@ -5,9 +5,11 @@
 --   reader  searches, reads exact statistics and context: SELECT on the chunks (row-level
 --           security: its tenant's chunks and the shared ones) and on the catalog tables;
 --           nothing on any source table.
---   writer  also declares documents (CREATE on schema pgrag), renders them (writes chunks) and
---           embeds (the caches and the worker's tables). It sees every tenant's chunks: it
---           writes every tenant's source rows, and the worker embeds every chunk.
+--   writer  also declares documents (CREATE on schema pgrag_docs, where the functions generated
+--           for its types go; nothing on schema pgrag but USAGE), renders them (writes chunks)
+--           and embeds (the caches and the worker's tables). It sees every tenant's chunks: it
+--           writes every tenant's source rows, and the worker embeds every chunk. It changes
+--           only the catalog rows of the types it owns (or may act as): row-level security.
 -- Every function is security invoker except the definers listed in DEFINERS below (each says
 -- why in its own file); a test checks that pg_proc agrees.
 
@@ -17,6 +19,47 @@
 select pgrag._ensure_policy('pgrag.chunks', 'chunks_read', $p$
     create policy chunks_read on pgrag.chunks for select
         using (tenant is null or tenant = (select pgrag.current_tenant()))$p$);
+
+-- The catalog: everyone reads it; a role inserts rows it owns (declaring records the declarer)
+-- and changes or deletes only the rows of roles it may act as. What a row says (a view, a key
+-- query, a statistics query) runs as the row's owner only (docs/security.md).
+select pgrag._ensure_policy('pgrag.doc_types', 'doc_types_read', $p$
+    create policy doc_types_read on pgrag.doc_types for select using (true)$p$);
+select pgrag._ensure_policy('pgrag.doc_types', 'doc_types_insert', $p$
+    create policy doc_types_insert on pgrag.doc_types for insert
+        with check (owner = current_user::regrole)$p$);
+select pgrag._ensure_policy('pgrag.doc_types', 'doc_types_update', $p$
+    create policy doc_types_update on pgrag.doc_types for update
+        using (pgrag._may_act_as(owner)) with check (owner = current_user::regrole)$p$);
+select pgrag._ensure_policy('pgrag.doc_types', 'doc_types_delete', $p$
+    create policy doc_types_delete on pgrag.doc_types for delete
+        using (pgrag._may_act_as(owner))$p$);
+select pgrag._ensure_policy('pgrag.doc_watches', 'doc_watches_read', $p$
+    create policy doc_watches_read on pgrag.doc_watches for select using (true)$p$);
+select pgrag._ensure_policy('pgrag.doc_watches', 'doc_watches_own', $p$
+    create policy doc_watches_own on pgrag.doc_watches for all
+        using (exists (select from pgrag.doc_types d
+                        where d.name = doc_type and pgrag._may_act_as(d.owner)))
+        with check (exists (select from pgrag.doc_types d
+                             where d.name = doc_type and d.owner = current_user::regrole))$p$);
+select pgrag._ensure_policy('pgrag.doc_stats', 'doc_stats_read', $p$
+    create policy doc_stats_read on pgrag.doc_stats for select using (true)$p$);
+select pgrag._ensure_policy('pgrag.doc_stats', 'doc_stats_insert', $p$
+    create policy doc_stats_insert on pgrag.doc_stats for insert
+        with check (owner = current_user::regrole
+                    and exists (select from pgrag.doc_types d
+                                 where d.name = doc_type and pgrag._may_act_as(d.owner)))$p$);
+select pgrag._ensure_policy('pgrag.doc_stats', 'doc_stats_update', $p$
+    create policy doc_stats_update on pgrag.doc_stats for update
+        using (pgrag._may_act_as(owner))
+        with check (pgrag._may_act_as(owner)
+                    and exists (select from pgrag.doc_types d
+                                 where d.name = doc_type and pgrag._may_act_as(d.owner)))$p$);
+select pgrag._ensure_policy('pgrag.doc_stats', 'doc_stats_delete', $p$
+    create policy doc_stats_delete on pgrag.doc_stats for delete
+        using (pgrag._may_act_as(owner)
+               or exists (select from pgrag.doc_types d
+                           where d.name = doc_type and pgrag._may_act_as(d.owner)))$p$);
 
 select pgrag._ensure_policy('pgrag.stats_cache', 'stats_cache_own', $p$
     create policy stats_cache_own on pgrag.stats_cache
@@ -31,7 +74,6 @@ declare
     -- never PUBLIC. A trigger function needs EXECUTE only to create the trigger.
     definers constant text[] := array[
         'pgrag.current_tenant()',                         'reader writer',
-        'pgrag._reader_doc_type_stats(text, bigint[])',   'reader writer',
         'pgrag.query_cache_get(text, bytea, interval)',   'reader writer',
         'pgrag._common_lexemes(real, bigint)',            'reader writer',
         'pgrag.stats_changed()',                          'writer'];
@@ -77,9 +119,6 @@ begin
         format('create policy chunks_write on pgrag.chunks for all to %I '
                'using (true) with check (true)', s.writer_role));
 
-    -- The reader's statistics run with the writer role's privileges (it reads the source tables).
-    execute format('alter function pgrag._reader_doc_type_stats(text, bigint[]) owner to %I',
-                   s.writer_role);
     for i in 1 .. cardinality(definers) / 2 loop
         f := definers[2 * i - 1];
         execute format('revoke all on function %s from public', f);
@@ -99,7 +138,11 @@ begin
     end loop;
 
     execute format('grant usage on schema pgrag to %I, %I', s.reader_role, s.writer_role);
-    execute format('grant create on schema pgrag to %I', s.writer_role);
+    -- Schema pgrag holds pgrag's own objects: nobody else creates there (a writer's function in
+    -- it could be called by pgrag's code for a superuser). Declarers create in pgrag_docs.
+    execute format('revoke create on schema pgrag from %I, %I', s.reader_role, s.writer_role);
+    execute format('grant usage on schema pgrag_docs to %I, %I', s.reader_role, s.writer_role);
+    execute format('grant create on schema pgrag_docs to %I', s.writer_role);
     execute format('grant select on pgrag.chunks, pgrag.doc_types, pgrag.doc_watches, '
                    'pgrag.doc_stats, pgrag.settings to %I, %I', s.reader_role, s.writer_role);
     execute format('grant insert, update, delete on pgrag.chunks, pgrag.doc_types, '
