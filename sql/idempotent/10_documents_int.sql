@@ -17,6 +17,46 @@
 -- keys, rows or a filter (compiled by pgrag), never SQL text. 99_generated.sql regenerates them,
 -- acting as each type's owner, whenever these files are applied.
 
+create or replace function pgrag._sensitive_forms(col name, typ oid)
+returns text
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+-- The SQL expression (over the source row `d`) of every text form a sensitive column's value
+-- takes, as a JSON array pgrag._redact_text cuts out of a document: its JSON form (to_jsonb:
+-- timestamps as 2024-03-04T05:06:07+00:00), its text (as the source view prints it: with the
+-- render's pinned settings, 2024-03-04 05:06:07+00), and for an array its elements', for a range
+-- its bounds', for json its keys too. A value printed otherwise by the view (to_char, a format of
+-- its own) is not found: expose that formatted expression as the sensitive column instead.
+declare
+    t pg_type;
+    v text := format('d.%I', col);
+    forms text[];
+begin
+    select * into strict t from pg_type where oid = typ;
+    while t.typtype = 'd' loop  -- a domain: its base type's forms
+        select * into strict t from pg_type where oid = t.typbasetype;
+    end loop;
+    forms := array[format('to_jsonb(%s)', v), format('to_jsonb(%s::text)', v)];
+    if t.typcategory = 'A' then
+        forms := forms || format('to_jsonb(array(select e::text from unnest(%s) e))', v);
+    elsif t.typtype = 'r' then
+        forms := forms || format('jsonb_build_array(lower(%1$s)::text, upper(%1$s)::text)', v);
+    elsif t.typtype = 'm' then
+        forms := forms || format('(select jsonb_agg(jsonb_build_array(lower(r)::text, '
+                                 'upper(r)::text)) from unnest(%s) r)', v);
+    elsif t.oid in ('json'::regtype, 'jsonb'::regtype) then
+        forms := forms || format('(select jsonb_agg(k) from jsonb_path_query(%s::jsonb, '
+                                 '''strict $.** ? (@.type() == "object").keyvalue().key'') k)', v);
+    end if;
+    return format('jsonb_build_array(%s)', array_to_string(forms, ', '));
+end
+$fn$;
+
+comment on function pgrag._sensitive_forms(name, oid) is
+    'The expression of every text form a sensitive column''s value takes (redacted at render)';
+
+
 create or replace function pgrag._redact_text(t text, secrets jsonb, modes jsonb)
 returns text
 language plpgsql immutable parallel safe security invoker
@@ -90,21 +130,29 @@ returns jsonb
 language plpgsql immutable parallel safe security invoker
 set search_path = pg_catalog, pg_temp
 as $$
--- pgrag.redact_text on every key and scalar of a JSON value; a number or boolean holding a
--- sensitive value becomes the mask string.
+-- pgrag._redact_text on every key and scalar of a JSON value; a number or boolean holding a
+-- sensitive value becomes the mask string (or, omitted, goes with its entry).
 declare
     s text;
 begin
+    -- Omitted means absent: an entry (or element) whose key or value redaction emptied (a
+    -- string, an array, an object) is left out: an "ssn": "" where the value existed, and
+    -- nothing where it was NULL, would tell which rows have one. One that was empty stays.
     case jsonb_typeof(j)
         when 'object' then
-            return (select coalesce(jsonb_object_agg(pgrag._redact_text(e.key, secrets, modes),
-                                                     pgrag._redact_jsonb(e.value, secrets, modes)),
-                                    '{}'::jsonb)
-                    from jsonb_each(j) e);
+            return (select coalesce(jsonb_object_agg(r.key, r.value), '{}'::jsonb)
+                      from jsonb_each(j) e
+                      cross join lateral (select pgrag._redact_text(e.key, secrets, modes) as key,
+                                                 pgrag._redact_jsonb(e.value, secrets, modes)
+                                                     as value) r
+                     where not ((r.key = '' and e.key <> '')
+                                or (r.value in ('""', '[]', '{}') and e.value <> r.value)));
         when 'array' then
-            return (select coalesce(jsonb_agg(pgrag._redact_jsonb(e.value, secrets, modes)
-                                              order by e.n), '[]'::jsonb)
-                    from jsonb_array_elements(j) with ordinality e(value, n));
+            return (select coalesce(jsonb_agg(r.value order by e.n), '[]'::jsonb)
+                      from jsonb_array_elements(j) with ordinality e(value, n)
+                      cross join lateral (select pgrag._redact_jsonb(e.value, secrets, modes)
+                                                     as value) r
+                     where not (r.value in ('""', '[]', '{}') and e.value <> r.value));
         when 'string' then
             return to_jsonb(pgrag._redact_text(j #>> '{}', secrets, modes));
         when 'number', 'boolean' then
@@ -242,8 +290,12 @@ begin
     end if;
     if t.sensitive <> '{}' then
         -- Sensitive values are cut out of the text and metadata here, before anything stores them.
-        select format('jsonb_build_object(%s)', string_agg(format('%L, d.%I', k, k), ', ' order by k))
-          into secrets from jsonb_object_keys(t.sensitive) k;
+        select format('jsonb_build_object(%s)',
+                      string_agg(format('%L, %s', k, pgrag._sensitive_forms(k::name, a.atttypid)),
+                                 ', ' order by k))
+          into secrets
+          from jsonb_object_keys(t.sensitive) k
+          join pg_attribute a on a.attrelid = t.source and a.attname = k and not a.attisdropped;
         body_expr := format('pgrag._redact_text(%s, %s, %L::jsonb)', body_expr, secrets, t.sensitive);
         md_expr := format('pgrag._redact_jsonb(%s, %s, %L::jsonb)', md_expr, secrets, t.sensitive);
     end if;
