@@ -152,7 +152,7 @@ def test_openai_asks_the_dimension_once(fake: FakeEmbeddings) -> None:
 
 def test_query_cache_memory_then_database_then_ttl(conn: psycopg.Connection[Any]) -> None:
     model = Recording(default_embedder())
-    cache = QueryCache(model, ttl_s=3600)
+    cache = QueryCache(model)
     first = cache.embed(conn, "Which  customers returned garden hoses?")
     assert (first.source, first.cache_hit) == ("model", False)
     expected = default_embedder().embed(["Which customers returned garden hoses?"])[0]
@@ -160,12 +160,13 @@ def test_query_cache_memory_then_database_then_ttl(conn: psycopg.Connection[Any]
     again = cache.embed(conn, "  Which customers returned garden hoses? ")
     assert (again.source, again.cache_hit) == ("memory", True)
     # another process: an empty LRU, the same table
-    other = QueryCache(model, ttl_s=3600).embed(conn, "Which customers returned garden hoses?")
+    other = QueryCache(model).embed(conn, "Which customers returned garden hoses?")
     assert other.source == "database"
     assert np.allclose(other.vector, first.vector, atol=1e-6)
     assert model.calls == 1
-    conn.execute("update pgrag.query_cache set created_at = now() - interval '2 hours'")
-    stale = QueryCache(model, ttl_s=3600).embed(conn, "Which customers returned garden hoses?")
+    # older than the server's TTL (pgrag.settings.query_cache_ttl, a week by default)
+    conn.execute("update pgrag.query_cache set created_at = now() - interval '8 days'")
+    stale = QueryCache(model).embed(conn, "Which customers returned garden hoses?")
     assert stale.source == "model" and model.calls == 2
     row = conn.execute("select count(*) from pgrag.query_cache").fetchone()
     assert row == (1,)

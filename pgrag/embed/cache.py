@@ -5,32 +5,36 @@ returns a chunk's cached vector with it and ``store_embeddings`` fills the cache
 sent to a model once, whichever chunk carries it and however often it is rebuilt.
 
 Query cache: a question, normalized (Unicode NFKC, whitespace collapsed, trimmed), is embedded
-once per model: an in-process LRU first, then ``pgrag.query_cache`` (shared by every process,
-entries older than the TTL ignored and purged), then the model. Every answer says where the
-vector came from.
+once per model: an in-process LRU first (entries kept an hour at most), then
+``pgrag.query_cache`` (shared by every process; entries older than the server's TTL,
+``pgrag.settings.query_cache_ttl``, ignored and purged), then the model. Every answer says where
+the vector came from.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import logging
 import os
 import threading
 import time
 import unicodedata
 from collections import OrderedDict
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, Literal
 
 import numpy as np
 import psycopg
 
 from pgrag.embed.base import QUERY_RETRY, Embedder, RetryPolicy, Vectors, embed_with_retry
-from pgrag.errors import ConfigError
 
+# Before revision 0009 the caller chose the shared cache's TTL; it is the server's setting now.
 ENV_QUERY_CACHE_TTL = "PGRAG_QUERY_CACHE_TTL"
-DEFAULT_TTL_S = 7 * 24 * 3600
+DEFAULT_MEMORY_TTL_S = 3600.0
 DEFAULT_LRU_SIZE = 1024
+
+_log = logging.getLogger(__name__)
 
 CacheSource = Literal["memory", "database", "model"]
 
@@ -59,19 +63,14 @@ class QueryVector:
         return self.source != "model"
 
 
-def ttl_from_env() -> float:
-    raw = os.environ.get(ENV_QUERY_CACHE_TTL)
-    if not raw:
-        return DEFAULT_TTL_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(
-            f"{ENV_QUERY_CACHE_TTL}={raw!r} is not a number of seconds: e.g. 604800 (a week)"
-        ) from None
-    if value <= 0:
-        raise ConfigError(f"{ENV_QUERY_CACHE_TTL}={raw!r} must be more than 0 seconds")
-    return value
+@functools.cache
+def _warn_old_ttl_setting() -> None:
+    if os.environ.get(ENV_QUERY_CACHE_TTL):
+        _log.warning(
+            "%s is ignored: the shared query cache's TTL is the server's setting; set it with "
+            "update pgrag.settings set query_cache_ttl = '7 days' (docs/embeddings.md)",
+            ENV_QUERY_CACHE_TTL,
+        )
 
 
 class QueryCache:
@@ -83,22 +82,20 @@ class QueryCache:
     is shared once that commits; failing to write it never fails the caller.
     """
 
-    GET = "select pgrag.query_cache_get(%(model)s, %(hash)s, %(ttl)s)::real[]"
-    PUT = (
-        "select pgrag.query_cache_put(%(model)s, %(hash)s, %(query)s, %(vec)s::real[]::vector, "
-        "%(ttl)s)"
-    )
+    GET = "select pgrag.query_cache_get(%(model)s, %(hash)s)::real[]"
+    PUT = "select pgrag.query_cache_put(%(model)s, %(hash)s, %(query)s, %(vec)s::real[]::vector)"
 
     def __init__(
         self,
         embedder: Embedder,
         *,
-        ttl_s: float | None = None,
+        memory_ttl_s: float = DEFAULT_MEMORY_TTL_S,
         max_items: int = DEFAULT_LRU_SIZE,
         retry: RetryPolicy = QUERY_RETRY,
     ) -> None:
         self.embedder = embedder
-        self.ttl_s = ttl_from_env() if ttl_s is None else ttl_s
+        self.memory_ttl_s = memory_ttl_s  # the in-process LRU's; the shared cache's is the server's
+        _warn_old_ttl_setting()
         self.max_items = max_items
         self.retry = retry
         self._lru: OrderedDict[bytes, tuple[float, Vectors]] = OrderedDict()
@@ -112,7 +109,7 @@ class QueryCache:
             if hit is None:
                 return None
             stored_at, vector = hit
-            if time.monotonic() - stored_at > self.ttl_s:
+            if time.monotonic() - stored_at > self.memory_ttl_s:
                 del self._lru[key]
                 return None
             self._lru.move_to_end(key)
@@ -137,11 +134,7 @@ class QueryCache:
     # ---- lookups ----
 
     def _params(self, normalized: str) -> dict[str, Any]:
-        return {
-            "model": self.embedder.name,
-            "hash": content_hash(normalized),
-            "ttl": timedelta(seconds=self.ttl_s),
-        }
+        return {"model": self.embedder.name, "hash": content_hash(normalized)}
 
     def _compute(self, normalized: str) -> Vectors:
         vector: Vectors = embed_with_retry(self.embedder, [normalized], self.retry)[0]

@@ -292,38 +292,42 @@ comment on function pgrag.begin_reembed(text, integer) is
     'needed) and queue every chunk; the content cache keeps the old model''s vectors';
 
 
-create or replace function pgrag.query_cache_get(model_name text, hash bytea, ttl interval)
+create or replace function pgrag.query_cache_get(model_name text, hash bytea)
 returns vector
 language sql stable security definer
 set search_path = pg_catalog, pg_temp
 -- security definer: a reader may use the shared query cache without reading it (its question
--- texts are other tenants' questions). It returns one vector, for an exact hash, nothing else.
+-- texts are other tenants' questions). It returns one vector, for an exact hash, nothing else,
+-- if younger than the server's TTL (pgrag.settings.query_cache_ttl: a caller cannot choose it).
 -- Readers do not write it (pgrag.query_cache_put is invoker, and only the writer may).
 as $$
     select q.embedding
-    from pgrag.query_cache q
-    where q.model = model_name and q.query_hash = hash and q.created_at > now() - ttl
+    from pgrag.query_cache q, pgrag.settings s
+    where q.model = model_name and q.query_hash = hash
+      and q.created_at > now() - s.query_cache_ttl
 $$;
 
-comment on function pgrag.query_cache_get(text, bytea, interval) is
-    'The cached vector of a normalized question, if younger than ttl (security definer)';
+comment on function pgrag.query_cache_get(text, bytea) is
+    'The cached vector of a normalized question, if younger than the server''s TTL '
+    '(pgrag.settings.query_cache_ttl; security definer)';
 
 
 create or replace function pgrag.query_cache_put(
-    model_name text, hash bytea, query_text text, vec vector, ttl interval)
+    model_name text, hash bytea, query_text text, vec vector)
 returns void
 language sql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $$
-    delete from pgrag.query_cache where created_at <= now() - ttl;
+    delete from pgrag.query_cache
+     where created_at <= now() - (select s.query_cache_ttl from pgrag.settings s);
     insert into pgrag.query_cache (model, query_hash, query, embedding)
     values (model_name, hash, query_text, vec)
     on conflict (model, query_hash) do update
     set query = excluded.query, embedding = excluded.embedding, created_at = now();
 $$;
 
-comment on function pgrag.query_cache_put(text, bytea, text, vector, interval) is
-    'Cache the vector of a normalized question; purges entries older than ttl';
+comment on function pgrag.query_cache_put(text, bytea, text, vector) is
+    'Cache the vector of a normalized question; purges entries older than the server''s TTL';
 
 
 create or replace function pgrag.prune_embedding_cache()

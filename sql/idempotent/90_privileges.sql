@@ -74,7 +74,7 @@ declare
     -- never PUBLIC. A trigger function needs EXECUTE only to create the trigger.
     definers constant text[] := array[
         'pgrag.current_tenant()',                         'reader writer',
-        'pgrag.query_cache_get(text, bytea, interval)',   'reader writer',
+        'pgrag.query_cache_get(text, bytea)',             'reader writer',
         'pgrag._common_lexemes(real, bigint)',            'reader writer',
         'pgrag.stats_changed()',                          'writer'];
     i integer;

@@ -73,3 +73,12 @@ comment on column pgrag.doc_stats.owner is
 alter table pgrag.doc_types enable row level security;
 alter table pgrag.doc_watches enable row level security;
 alter table pgrag.doc_stats enable row level security;
+
+-- The query cache's TTL is the server's setting, not the caller's: a reader that chose it could
+-- read entries older than the configured TTL and time when a guessed question was cached.
+alter table pgrag.settings
+    add column query_cache_ttl interval not null default interval '7 days'
+        constraint settings_query_cache_ttl_check check (query_cache_ttl > interval '0');
+
+comment on column pgrag.settings.query_cache_ttl is
+    'How long a question''s cached vector is used and kept (pgrag.query_cache); set by the DBA';

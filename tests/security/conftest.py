@@ -110,3 +110,29 @@ def declare_things(conn: psycopg.Connection[Any], name: str = "things") -> None:
         (name,),
     )
     conn.execute("select pgrag.refresh(%s)", (name,))
+
+
+@dataclass(frozen=True)
+class Reader:
+    url: str  # a login role, member of the reader role, bound to tenant "acme"
+    role: str
+
+
+@pytest.fixture
+def reader(db_url: str) -> Iterator[Reader]:
+    """A real reader: a login role in the reader role, bound to a tenant, as an application
+    that only searches would connect."""
+    role = f"pgrag_t_reader_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        row = conn.execute("select reader_role from pgrag.settings").fetchone()
+        assert row is not None
+        conn.execute(
+            sql.SQL("create role {} login password {} in role {}").format(
+                sql.Identifier(role), sql.Literal(PASSWORD), sql.Identifier(row[0])
+            )
+        )
+        conn.execute("select pgrag.bind_tenant_role(%s, 'acme')", (role,))
+    yield Reader(psycopg.conninfo.make_conninfo(db_url, user=role, password=PASSWORD), role)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("drop owned by {} cascade").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("drop role {}").format(sql.Identifier(role)))
