@@ -14,6 +14,7 @@ import click
 
 from pgrag.cli_common import CONTEXT_SETTINGS, url_of
 from pgrag.embed.base import ENV_EMBEDDER
+from pgrag.limits import MAX_K
 
 F = TypeVar("F", bound=Callable[..., Any])
 PREVIEW_CHARS = 160
@@ -38,7 +39,7 @@ def _common(f: F) -> F:
         click.option(
             "-k",
             "k",
-            type=click.IntRange(1, 10_000),
+            type=click.IntRange(1, MAX_K),
             default=10,
             show_default=True,
             help="Results to retrieve.",

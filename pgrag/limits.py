@@ -16,6 +16,12 @@ import numpy as np
 
 from pgrag.errors import ConfigError, DimensionMismatch, PgragError
 
+# The numbers below are the server's (pgrag._limit in sql/idempotent/00_core_int.sql), which
+# SQL callers meet; the client checks them first, before any I/O (tests/security/
+# test_input_limits.py checks they agree).
+
+# Results of one search.
+MAX_K = 10_000
 # A question is read by an embedder with a window of a few hundred word pieces and by full text
 # search; 10,000 characters is far past both. (A 1 MB question made websearch_to_tsquery exceed
 # PostgreSQL's max_stack_depth after ten seconds.)

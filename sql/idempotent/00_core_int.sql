@@ -117,8 +117,9 @@ returns integer
 language sql immutable strict parallel safe security invoker
 set search_path = pg_catalog, pg_temp
 -- The limits on what callers hand pgrag, for SQL callers and the Python client alike
--- (pgrag/limits.py holds the same numbers to refuse before any I/O; tests/test_limits.py checks
--- they agree). docs/reliability.md says what each guards against.
+-- (pgrag/limits.py holds the same numbers to refuse before any I/O;
+-- tests/security/test_input_limits.py checks they agree). docs/reliability.md says what each
+-- guards against.
 return case name
     when 'k' then 10000                    -- results of one search
     when 'candidates' then 40000           -- candidates per list (4 x k)

@@ -11,10 +11,13 @@
 
 create or replace function pgrag.text_query(query_text text, match text default 'all')
 returns tsquery
-language sql stable parallel safe security invoker
+language plpgsql stable parallel safe security invoker
 set search_path = pg_catalog, pg_temp
 as $$
-    select pgrag._search_tsquery(query_text, match, null)
+begin
+    perform pgrag._check_question(query_text);  -- the limits of every search text
+    return pgrag._search_tsquery(query_text, match, null);
+end
 $$;
 
 comment on function pgrag.text_query(text, text) is

@@ -37,12 +37,9 @@ def _cache_one(db_url: str, age: str) -> None:
 
 def test_the_query_cache_ttl_is_the_servers(db_url: str, reader: Reader) -> None:
     _cache_one(db_url, "8 days")  # older than the default TTL, a week
-    with psycopg.connect(reader.url) as conn:
-        # the caller cannot pass a TTL of its own: no such function
-        with pytest.raises(psycopg.errors.UndefinedFunction):
-            conn.execute(
-                "select pgrag.query_cache_get(%s, %s, interval '100 years')", (MODEL, _hash())
-            )
+    # the caller cannot pass a TTL of its own: no such function
+    with psycopg.connect(reader.url) as conn, pytest.raises(psycopg.errors.UndefinedFunction):
+        conn.execute("select pgrag.query_cache_get(%s, %s, interval '100 years')", (MODEL, _hash()))
     with psycopg.connect(reader.url) as conn:
         got = conn.execute("select pgrag.query_cache_get(%s, %s)", (MODEL, _hash())).fetchone()
         assert got == (None,)
