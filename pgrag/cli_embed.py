@@ -19,6 +19,7 @@ from pgrag.worker import (
     BatchResult,
     DrainResult,
     StopOnSignals,
+    Reconnect,
     Worker,
 )
 
@@ -153,7 +154,8 @@ def worker(ctx: click.Context, model_spec: str | None, batch_size: int, poll_s: 
     """Keep embedding: wake on the sync triggers' NOTIFY (pgrag_chunks) and embed what changed.
 
     Stops cleanly on SIGINT or SIGTERM after its current batch (a second signal interrupts).
-    Any number of workers may run at once.
+    Any number of workers may run at once. A lost connection (the server restarting, a
+    failover) is retried with backoff, 1 s doubling to 60 s, for as long as it takes.
     """
     url = url_of(ctx)
     embedder = _embedder(model_spec)
@@ -173,7 +175,18 @@ def worker(ctx: click.Context, model_spec: str | None, batch_size: int, poll_s: 
                 line += f", {len(b.failures)} failed: {b.failures[0].error}"
             click.echo(line, err=True)
 
-        result = w.run_forever(on_batch, poll_s=poll_s)
+        def on_reconnect(r: Reconnect) -> None:
+            if r.error is None:
+                click.echo(f"pgrag worker: connected again after {r.attempt} attempts", err=True)
+                return
+            reason = str(r.error).strip().splitlines()[0] if str(r.error).strip() else "closed"
+            click.echo(
+                f"pgrag worker: lost the database ({reason}); trying again in "
+                f"{r.delay_s:.1f} s (attempt {r.attempt})",
+                err=True,
+            )
+
+        result = w.run_forever(on_batch, poll_s=poll_s, on_reconnect=on_reconnect)
     click.echo(f"pgrag worker: stopped after {result.written} chunks", err=True)
 
 

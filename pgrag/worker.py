@@ -18,6 +18,7 @@ connection: the next worker takes the batch again (from the cache where it can).
 
 from __future__ import annotations
 
+import random
 import signal
 import threading
 import time
@@ -41,7 +42,7 @@ from pgrag.embed.base import (
     Vectors,
     embed_with_retry,
 )
-from pgrag.errors import from_database
+from pgrag.errors import ConnectionFailed, PgragError, from_database
 
 NOTIFY_CHANNEL = "pgrag_chunks"
 DEFAULT_BATCH_SIZE = 64
@@ -372,19 +373,46 @@ class Worker:
         *,
         poll_s: float = 30.0,
         outage_pause_s: float = 30.0,
+        on_reconnect: Callable[[Reconnect], None] | None = None,
+        backoff: Backoff | None = None,
     ) -> DrainResult:
-        """Drain, then sleep until a NOTIFY on pgrag_chunks (or ``poll_s``); until stop is set."""
+        """Drain, then sleep until a NOTIFY on pgrag_chunks (or ``poll_s``); until stop is set.
+
+        A lost connection (the server restarting, a failover, a terminated backend) is not an
+        end: the worker drops its connections, waits (``backoff``: 1 s doubling to 60 s, with
+        jitter), connects again and goes on, telling ``on_reconnect`` each time. The batch it
+        held is taken again (its locks went with the session); nothing is lost. Any other error
+        ends the run.
+        """
         started = time.perf_counter()
         total = DrainResult()
-        with psycopg.connect(self.url, autocommit=True) as listener:
-            listener.execute("listen pgrag_chunks")
-            while not self.stop.is_set():
-                result = self.drain(on_batch)
-                total = _merge(total, result)
-                if self.stop.is_set():
-                    break
-                pause = outage_pause_s if result.outage else poll_s
-                self._wait_for_notify(listener, pause)
+        backoff = backoff or Backoff()
+        failures = 0
+        while not self.stop.is_set():
+            try:
+                with psycopg.connect(
+                    self.url, autocommit=True, application_name="pgrag worker listener"
+                ) as listener:
+                    listener.execute(f"listen {NOTIFY_CHANNEL}")
+                    while not self.stop.is_set():
+                        result = self.drain(on_batch)
+                        total = _merge(total, result)
+                        if failures and on_reconnect is not None:
+                            on_reconnect(Reconnect(failures, 0.0, None))  # back: say so once
+                        failures = 0
+                        if self.stop.is_set():
+                            break
+                        pause = outage_pause_s if result.outage else poll_s
+                        self._wait_for_notify(listener, pause)
+            except (psycopg.Error, PgragError) as exc:
+                if not connection_lost(exc):
+                    raise
+                self.close()
+                failures += 1
+                delay = backoff.delay(failures)
+                if on_reconnect is not None:
+                    on_reconnect(Reconnect(failures, delay, exc))
+                self.stop.wait(delay)
         return _with(total, seconds=time.perf_counter() - started, stopped=True)
 
     def _wait_for_notify(self, listener: psycopg.Connection[Any], seconds: float) -> None:
@@ -397,6 +425,51 @@ class Worker:
                 for _ in listener.notifies(timeout=0.0):  # swallow the rest of the burst
                     pass
                 return
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """How long a worker waits before its n-th attempt to connect again: ``base_s`` doubling
+    up to ``max_s``, each wait between half and all of that (jitter, so that many workers
+    do not all come back at the same instant)."""
+
+    base_s: float = 1.0
+    max_s: float = 60.0
+
+    def delay(self, attempt: int) -> float:
+        ceiling = min(self.max_s, self.base_s * 2.0 ** min(attempt - 1, 30))
+        return ceiling * (0.5 + random.random() / 2)  # noqa: S311 (jitter, not a secret)
+
+
+@dataclass(frozen=True)
+class Reconnect:
+    """One event of a worker's reconnection: ``attempt`` failures in a row so far, and the
+    wait before the next try with the error that caused it; ``error`` None: connected again
+    after ``attempt`` failures."""
+
+    attempt: int
+    delay_s: float
+    error: BaseException | None
+
+
+# SQLSTATE classes and codes of a connection that is gone or a server not (yet) serving:
+# connection exceptions, the server shutting down or starting, a terminated backend.
+_LOST_CLASSES = ("08",)
+_LOST_STATES = frozenset({"57P01", "57P02", "57P03", "57P05"})
+
+
+def connection_lost(exc: BaseException) -> bool:
+    """Whether an error means the connection or the server went away (try again), rather
+    than a fault of the work (stop)."""
+    if isinstance(exc, ConnectionFailed):
+        return True
+    cause = exc.__cause__ if isinstance(exc, PgragError) else exc
+    if not isinstance(cause, psycopg.OperationalError):
+        return False
+    state = cause.sqlstate
+    # no SQLSTATE: the client library lost the socket ("consuming input failed", "server
+    # closed the connection unexpectedly")
+    return state is None or state.startswith(_LOST_CLASSES) or state in _LOST_STATES
 
 
 def _with(r: DrainResult, *, seconds: float, stopped: bool) -> DrainResult:
