@@ -283,6 +283,12 @@ def _parse_watch(value: str) -> tuple[str, str]:
     metavar="JSON",
     help='Metadata keys and types, e.g. \'{"segment": "text", "total": "numeric"}\'.',
 )
+@click.option(
+    "--sync",
+    type=click.Choice(["commit", "queue"]),
+    help="commit: render at the writer's commit (the default); queue: the worker renders "
+    "(the write pays one insert; the chunks follow with a lag `pgrag status` shows).",
+)
 @click.option("--rebuild/--no-rebuild", default=True, help="Render the documents now (default).")
 @click.pass_obj
 def documents_declare(
@@ -292,6 +298,7 @@ def documents_declare(
     watches: tuple[str, ...],
     parent: str | None,
     metadata_schema: str | None,
+    sync: Any,
     rebuild: bool,
 ) -> None:
     """Declare (or replace) document type NAME, generating its sync triggers."""
@@ -306,10 +313,29 @@ def documents_declare(
     watch_map = dict(_parse_watch(w) for w in watches)
     with connect(state.database_url) as client:
         client.require_schema()
-        client.declare_document(name, source, watch_map, parent=parent, metadata_schema=schema)
+        client.declare_document(
+            name, source, watch_map, parent=parent, metadata_schema=schema, sync=sync
+        )
         click.echo(f"declared {name} (watching {', '.join(watch_map) or 'no tables'})")
         if rebuild:
             print_rebuild(client.rebuild(name, progress=rebuild_progress()))
+
+
+@documents.command("sync")
+@click.argument("name")
+@click.argument("mode", type=click.Choice(["commit", "queue"]))
+@click.pass_obj
+def documents_sync(state: _State, name: str, mode: Any) -> None:
+    """Render document type NAME at its writers' commit (commit) or by the worker (queue).
+
+    Regenerates its trigger functions only: its tables are not locked. See docs/documents.md.
+    """
+    from pgrag.db import connect
+
+    with connect(state.database_url) as client:
+        client.require_schema()
+        client.set_sync(name, mode)
+    click.echo(f"{name}: rendered " + ("at commit" if mode == "commit" else "by the worker"))
 
 
 @documents.command("drop")
@@ -339,7 +365,10 @@ def documents_list(state: _State) -> None:
         click.echo("no document types declared (see `pgrag documents declare --help`)")
     for t in types:
         parent = f", child of {t.parent_type}" if t.parent_type else ""
-        click.echo(f"{t.name}: {t.chunks} chunks from {t.source} (key {t.key_type}{parent})")
+        click.echo(
+            f"{t.name}: {t.chunks} chunks from {t.source} (key {t.key_type}{parent}; "
+            f"rendered {'at commit' if t.sync == 'commit' else 'by the worker'})"
+        )
         for table in sorted(t.watches):
             click.echo(f"  watches {table}")
 
@@ -385,8 +414,21 @@ def verify_advice(problems: list[Mismatch]) -> str:
     """What fixes these mismatches: a rebuild re-renders documents, but cannot bring back a
     type whose source view is gone (it would fail, or remove every chunk of the type)."""
     gone = sorted({p.doc_type for p in problems if p.source_key is None})
-    stale = sorted({p.doc_type for p in problems if p.source_key is not None} - set(gone))
+    failed = sorted({p.doc_type for p in problems if p.problem.startswith("render failed")})
+    stale = sorted(
+        {
+            p.doc_type
+            for p in problems
+            if p.source_key is not None and not p.problem.startswith("render failed")
+        }
+        - set(gone)
+    )
     advice = []
+    if failed:
+        advice.append(
+            f"documents of {', '.join(failed)} cannot be rendered: fix the view or the data "
+            "(the error is above); the next write or rebuild renders them"
+        )
     if stale:
         which = f" {stale[0]}" if len(stale) == 1 else ""
         advice.append(f"run `pgrag rebuild{which}` to fix them")
@@ -404,7 +446,8 @@ def verify_advice(problems: list[Mismatch]) -> str:
 @cli.command("status")
 @click.pass_obj
 def status(state: _State) -> None:
-    """Show the database, its revision, the embedding settings and chunk counts."""
+    """Show the database, its revision, the embedding settings, chunk counts, and the render
+    queue (entries, lag, documents that failed to render)."""
     from pgrag.db import connect, describe_target
 
     with connect(state.database_url) as client:
@@ -415,6 +458,25 @@ def status(state: _State) -> None:
         click.echo(f"chunks:     {st.chunks} ({st.pending} waiting for a vector)")
         for doc_type, n in sorted(st.doc_types.items()):
             click.echo(f"  {doc_type}: {n}")
+        if st.render_queued is not None:
+            oldest = (
+                f", oldest {st.render_oldest.total_seconds():.1f} s"
+                if st.render_oldest is not None
+                else ""
+            )
+            click.echo(f"render queue: {st.render_queued} entries{oldest}")
+            lag = st.render_lag or {}
+            if lag.get("p50_ms") is not None:
+                click.echo(
+                    f"render lag (last 15 min, {lag.get('documents', 0):,} documents): "
+                    f"p50 {lag['p50_ms']:.0f} ms, p95 {lag['p95_ms']:.0f} ms, "
+                    f"max {lag['max_ms']:.0f} ms"
+                )
+            if st.render_errors:
+                click.echo(
+                    f"render errors: {st.render_errors} documents could not be rendered "
+                    "(`pgrag verify` lists them)"
+                )
 
 
 def _register_subcommands() -> None:

@@ -43,7 +43,12 @@ def rebuild_progress(unit: str = "doc") -> Callable[[str, int, int], None]:
 
 def print_rebuild(stats: Iterable[RebuildStats]) -> None:
     for s in stats:
+        failed = (
+            f"; {s.errors} could not be rendered (`pgrag verify {s.doc_type}` names them)"
+            if s.errors
+            else ""
+        )
         click.echo(
             f"{s.doc_type}: {s.documents} documents, {s.changed} chunks written, "
-            f"{s.seconds:.1f} s ({s.per_second:,.0f} docs/s)"
+            f"{s.seconds:.1f} s ({s.per_second:,.0f} docs/s){failed}"
         )

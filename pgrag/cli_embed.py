@@ -16,10 +16,12 @@ from pgrag.embed.base import ENV_EMBEDDER, Embedder
 from pgrag.errors import EmbeddingFailed
 from pgrag.worker import (
     DEFAULT_BATCH_SIZE,
+    DEFAULT_POLL_S,
     BatchResult,
     DrainResult,
-    StopOnSignals,
     Reconnect,
+    RenderResult,
+    StopOnSignals,
     Worker,
 )
 
@@ -145,13 +147,15 @@ def embed(ctx: click.Context, model_spec: str | None, batch_size: int, retry_fai
     "--poll",
     "poll_s",
     type=click.FloatRange(0.1, 3600),
-    default=30.0,
+    default=DEFAULT_POLL_S,
     show_default=True,
-    help="Seconds between queue checks when no NOTIFY arrives.",
+    help="Seconds between queue checks when no NOTIFY arrives (a burst of writers notifies "
+    "once; the worker looks again right after each batch).",
 )
 @click.pass_context
 def worker(ctx: click.Context, model_spec: str | None, batch_size: int, poll_s: float) -> None:
-    """Keep embedding: wake on the sync triggers' NOTIFY (pgrag_chunks) and embed what changed.
+    """Keep rendering and embedding: wake on NOTIFY (pgrag_render, pgrag_chunks), render the
+    documents waiting in the render queue, then embed what changed.
 
     Stops cleanly on SIGINT or SIGTERM after its current batch (a second signal interrupts).
     Any number of workers may run at once. A lost connection (the server restarting, a
@@ -186,7 +190,16 @@ def worker(ctx: click.Context, model_spec: str | None, batch_size: int, poll_s: 
                 err=True,
             )
 
-        result = w.run_forever(on_batch, poll_s=poll_s, on_reconnect=on_reconnect)
+        def on_render(r: RenderResult) -> None:
+            click.echo(
+                f"rendered {r.entries} queued entries in {r.seconds:.2f} s ({r.chunks} chunks "
+                f"written; the oldest had waited {r.oldest_s:.2f} s)",
+                err=True,
+            )
+
+        result = w.run_forever(
+            on_batch, poll_s=poll_s, on_reconnect=on_reconnect, on_render=on_render
+        )
     click.echo(f"pgrag worker: stopped after {result.written} chunks", err=True)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -107,6 +108,11 @@ class StoreStatus:
     chunks: int
     pending: int
     doc_types: dict[str, int]
+    # the render queue (None when the role may not read it: a reader)
+    render_queued: int | None = None
+    render_oldest: timedelta | None = None
+    render_lag: dict[str, float] | None = None  # documents, p50_ms, p95_ms, max_ms (15 min)
+    render_errors: int | None = None
 
 
 class Client:
@@ -209,6 +215,7 @@ class Client:
         metadata_schema: Mapping[str, str] | None = None,
         tenant_column: str | None = None,
         sensitive: Mapping[str, str] | None = None,
+        sync: documents.SyncMode | None = None,
     ) -> None:
         """Declare or replace a document type (see ``pgrag.documents.declare``)."""
         with self.connection() as conn:
@@ -221,7 +228,13 @@ class Client:
                 metadata_schema=metadata_schema,
                 tenant_column=tenant_column,
                 sensitive=sensitive,
+                sync=sync,
             )
+
+    def set_sync(self, name: str, mode: documents.SyncMode) -> None:
+        """Render a type at its writers' commit or by the worker (``pgrag.documents.set_sync``)."""
+        with self.connection() as conn:
+            documents.set_sync(conn, name, mode)
 
     def drop_document(self, name: str, *, keep_chunks: bool = False) -> int:
         with self.connection() as conn:

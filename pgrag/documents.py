@@ -1,6 +1,6 @@
 """Declare / drop / rebuild / verify document types.
 
-The logic lives in SQL (``sql/idempotent/10_documents.sql``) so SQL-only users get all of it;
+The logic lives in SQL (``sql/idempotent/1*_documents_*.sql``) so SQL-only users get all of it;
 this module calls those functions, batches the rebuild behind a progress bar, and returns typed
 rows. Database errors pgrag raised itself (SQLSTATE PR003/PR004) come back as DocumentError.
 """
@@ -11,7 +11,7 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 from psycopg.rows import class_row
@@ -20,6 +20,8 @@ from pgrag.errors import DocumentError, PgragError, mapped_database_errors
 from pgrag.limits import MAX_NAME_CHARS, MAX_SQL_CHARS, check_text
 
 REBUILD_BATCH = 2000
+
+SyncMode = Literal["commit", "queue"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,7 @@ class DocType:
     metadata_schema: dict[str, str]
     watches: dict[str, str]
     chunks: int
+    sync: str = "commit"  # commit (rendered at the writer's commit) or queue (by the worker)
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class RebuildStats:
     documents: int
     changed: int
     seconds: float
+    errors: int = 0  # documents whose render failed (pgrag verify lists them)
 
     @property
     def per_second(self) -> float:
@@ -62,6 +66,7 @@ def declare(
     metadata_schema: Mapping[str, str] | None = None,
     tenant_column: str | None = None,
     sensitive: Mapping[str, str] | None = None,
+    sync: SyncMode | None = None,
 ) -> None:
     """Declare (or replace) a document type; see ``pgrag.declare_document`` in SQL.
 
@@ -70,12 +75,14 @@ def declare(
     over ``changed`` (that table's changed rows) returning the affected document keys.
     ``tenant_column`` names the source column holding each document's tenant; ``sensitive``
     maps source columns to ``"omit"`` or ``"mask"``: their values never reach the chunks
-    (docs/security.md).
+    (docs/security.md). ``sync``: ``commit`` renders the documents a transaction changed at its
+    commit, ``queue`` has the worker render them (None: as declared before, else commit;
+    docs/documents.md).
     """
     _check_declaration(name, source, watches, parent, metadata_schema)
     with mapped_database_errors(), conn.transaction():
         conn.execute(
-            "select pgrag.declare_document(%s, %s, %s::jsonb, %s, %s::jsonb, %s, %s::jsonb)",
+            "select pgrag.declare_document(%s, %s, %s::jsonb, %s, %s::jsonb, %s, %s::jsonb, %s)",
             (
                 name,
                 source,
@@ -84,8 +91,16 @@ def declare(
                 json.dumps(dict(metadata_schema or {})),
                 tenant_column,
                 json.dumps(dict(sensitive or {})),
+                sync,
             ),
         )
+
+
+def set_sync(conn: psycopg.Connection[Any], name: str, mode: SyncMode) -> None:
+    """Render a type's documents at its writers' commit (``commit``) or by the worker
+    (``queue``), without re-declaring it (``pgrag.set_sync``)."""
+    with mapped_database_errors(), conn.transaction():
+        conn.execute("select pgrag.set_sync(%s, %s)", (name, mode))
 
 
 def _check_declaration(
@@ -137,18 +152,30 @@ def list_types(conn: psycopg.Connection[Any]) -> list[DocType]:
                    t.metadata_schema,
                    coalesce((select jsonb_object_agg(w.source_table::text, w.key_query)
                              from pgrag.doc_watches w where w.doc_type = t.name), '{}') as watches,
-                   (select count(*) from pgrag.chunks c where c.doc_type = t.name) as chunks
+                   (select count(*) from pgrag.chunks c where c.doc_type = t.name) as chunks,
+                   t.sync
             from pgrag.doc_types t
             order by t.parent_type nulls first, t.name
             """
         ).fetchall()
 
 
-def refresh(conn: psycopg.Connection[Any], name: str, keys: Sequence[str] | None = None) -> int:
-    """Render the documents with these source keys (all when None) in the current transaction."""
+def refresh(
+    conn: psycopg.Connection[Any],
+    name: str,
+    keys: Sequence[str] | None = None,
+    *,
+    on_error: Literal["record", "raise"] = "record",
+) -> int:
+    """Render the documents with these source keys (all when None) in the current transaction.
+
+    A document whose render fails is recorded in ``pgrag.render_errors`` and skipped (``record``)
+    or raised as a DocumentError naming it (``raise``).
+    """
     with mapped_database_errors():
         row = conn.execute(
-            "select pgrag.refresh(%s, %s::text[])", (name, None if keys is None else list(keys))
+            "select pgrag.refresh(%s, %s::text[], %s)",
+            (name, None if keys is None else list(keys), on_error),
         ).fetchone()
     return int(row[0]) if row else 0
 
@@ -205,7 +232,18 @@ def rebuild(
             ]
             if gone:
                 changed += refresh(conn, t.name, gone)
-        results.append(RebuildStats(t.name, len(keys), changed, time.perf_counter() - started))
+        errors = conn.execute(
+            "select count(*) from pgrag.render_errors where doc_type = %s", (t.name,)
+        ).fetchone()
+        results.append(
+            RebuildStats(
+                t.name,
+                len(keys),
+                changed,
+                time.perf_counter() - started,
+                int(errors[0]) if errors else 0,
+            )
+        )
     return results
 
 

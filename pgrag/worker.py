@@ -1,6 +1,11 @@
-"""The embedding worker: claims chunks waiting for a vector, embeds them, writes them back.
+"""The worker: renders the documents waiting in the render queue, then embeds the chunks
+waiting for a vector and writes the vectors back.
 
-How a batch runs (the SQL is in ``sql/idempotent/20_embeddings.sql``):
+Rendering: ``pgrag.render_queued`` takes entries of ``pgrag.render_queue`` (a queue-mode type's
+changes, or documents a committing transaction handed over) and renders them, in one
+transaction per call; several workers take different entries.
+
+How an embedding batch runs (the SQL is in ``sql/idempotent/20_embeddings.sql``):
 
 1. ``pgrag.claim_chunks`` takes a session advisory lock on up to ``batch_size`` waiting chunks
    (skipping chunks other workers hold, like ``FOR UPDATE SKIP LOCKED``) and returns their text,
@@ -44,8 +49,14 @@ from pgrag.embed.base import (
 )
 from pgrag.errors import ConnectionFailed, PgragError, from_database
 
-NOTIFY_CHANNEL = "pgrag_chunks"
+NOTIFY_CHANNEL = "pgrag_chunks"  # chunks waiting for a vector
+RENDER_CHANNEL = "pgrag_render"  # documents waiting in the render queue
 DEFAULT_BATCH_SIZE = 64
+DEFAULT_RENDER_ENTRIES = 500
+# Seconds between looks at the queues when no NOTIFY arrives: idle, and right after a batch
+# (a burst of writers notifies once: pgrag._notify).
+DEFAULT_POLL_S = 2.0
+BUSY_POLL_S = 0.05
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_FAILURE_RETRY_S = 60.0
 
@@ -101,8 +112,21 @@ class BatchResult:
 
 
 @dataclass(frozen=True)
+class RenderResult:
+    """One call of ``pgrag.render_queued``: queue entries taken, chunks written or deleted,
+    and how long the oldest entry had waited."""
+
+    entries: int
+    chunks: int
+    oldest_s: float
+    seconds: float
+
+
+@dataclass(frozen=True)
 class DrainResult:
     batches: int = 0
+    rendered_entries: int = 0  # render queue entries done
+    rendered_chunks: int = 0
     claimed: int = 0
     written: int = 0
     from_cache: int = 0
@@ -113,9 +137,20 @@ class DrainResult:
     stopped: bool = False
     outage: bool = False
 
+    def rendered(self, r: RenderResult) -> DrainResult:
+        from dataclasses import replace
+
+        return replace(
+            self,
+            rendered_entries=self.rendered_entries + r.entries,
+            rendered_chunks=self.rendered_chunks + r.chunks,
+        )
+
     def add(self, b: BatchResult) -> DrainResult:
         return DrainResult(
             batches=self.batches + 1,
+            rendered_entries=self.rendered_entries,
+            rendered_chunks=self.rendered_chunks,
             claimed=self.claimed + b.claimed,
             written=self.written + b.written,
             from_cache=self.from_cache + b.from_cache,
@@ -147,6 +182,7 @@ class Worker:
         embedder: Embedder,
         *,
         batch_size: int = DEFAULT_BATCH_SIZE,
+        render_entries: int = DEFAULT_RENDER_ENTRIES,
         retry: RetryPolicy = DEFAULT_RETRY,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         failure_retry_s: float = DEFAULT_FAILURE_RETRY_S,
@@ -155,6 +191,7 @@ class Worker:
         self.url = url
         self.embedder = embedder
         self.batch_size = batch_size
+        self.render_entries = render_entries
         self.retry = retry
         self.max_attempts = max_attempts
         self.failure_retry = timedelta(seconds=failure_retry_s)
@@ -245,6 +282,18 @@ class Worker:
         return [ChunkFailure(int(r[0]), str(r[1]), False) for r in rows]
 
     # ---- one batch ----
+
+    def render_batch(self) -> RenderResult | None:
+        """Render up to ``render_entries`` entries of the render queue; None when it is empty."""
+        started = time.perf_counter()
+        row = self._execute(
+            "select entries, documents, extract(epoch from oldest)::float8 "
+            "from pgrag.render_queued(%s)",
+            (self.render_entries,),
+        ).fetchone()
+        if row is None or row[0] == 0:
+            return None
+        return RenderResult(int(row[0]), int(row[1]), float(row[2] or 0.0), _since(started))
 
     def run_batch(self) -> BatchResult | None:
         """Claim, embed and store one batch; None when nothing is waiting."""
@@ -349,11 +398,22 @@ class Worker:
 
     # ---- many batches ----
 
-    def drain(self, on_batch: Callable[[BatchResult], None] | None = None) -> DrainResult:
-        """Embed until nothing is waiting (or stop is set, or the embedder is unreachable)."""
+    def drain(
+        self,
+        on_batch: Callable[[BatchResult], None] | None = None,
+        on_render: Callable[[RenderResult], None] | None = None,
+    ) -> DrainResult:
+        """Render and embed until nothing is waiting (or stop is set, or the embedder is
+        unreachable). Renders come first: a rendered document's chunk then waits for a vector."""
         started = time.perf_counter()
         total = DrainResult()
         while not self.stop.is_set():
+            rendered = self.render_batch()
+            if rendered is not None:
+                total = total.rendered(rendered)
+                if on_render is not None:
+                    on_render(rendered)
+                continue
             try:
                 batch = self.run_batch()
             except Stopped:
@@ -371,12 +431,14 @@ class Worker:
         self,
         on_batch: Callable[[BatchResult], None] | None = None,
         *,
-        poll_s: float = 30.0,
+        poll_s: float = DEFAULT_POLL_S,
         outage_pause_s: float = 30.0,
         on_reconnect: Callable[[Reconnect], None] | None = None,
         backoff: Backoff | None = None,
+        on_render: Callable[[RenderResult], None] | None = None,
     ) -> DrainResult:
-        """Drain, then sleep until a NOTIFY on pgrag_chunks (or ``poll_s``); until stop is set.
+        """Drain, then sleep until a NOTIFY on pgrag_chunks or pgrag_render (or ``poll_s``);
+        until stop is set.
 
         A lost connection (the server restarting, a failover, a terminated backend) is not an
         end: the worker drops its connections, waits (``backoff``: 1 s doubling to 60 s, with
@@ -394,15 +456,23 @@ class Worker:
                     self.url, autocommit=True, application_name="pgrag worker listener"
                 ) as listener:
                     listener.execute(f"listen {NOTIFY_CHANNEL}")
+                    listener.execute(f"listen {RENDER_CHANNEL}")
                     while not self.stop.is_set():
-                        result = self.drain(on_batch)
+                        result = self.drain(on_batch, on_render)
                         total = _merge(total, result)
                         if failures and on_reconnect is not None:
                             on_reconnect(Reconnect(failures, 0.0, None))  # back: say so once
                         failures = 0
                         if self.stop.is_set():
                             break
-                        pause = outage_pause_s if result.outage else poll_s
+                        # after work, look again soon: writers that committed meanwhile
+                        # may not have notified (pgrag._notify wakes once per burst)
+                        did_work = result.rendered_entries > 0 or result.claimed > 0
+                        pause = (
+                            outage_pause_s
+                            if result.outage
+                            else (BUSY_POLL_S if did_work else poll_s)
+                        )
                         self._wait_for_notify(listener, pause)
             except (psycopg.Error, PgragError) as exc:
                 if not connection_lost(exc):
@@ -481,6 +551,8 @@ def _with(r: DrainResult, *, seconds: float, stopped: bool) -> DrainResult:
 def _merge(a: DrainResult, b: DrainResult) -> DrainResult:
     return DrainResult(
         batches=a.batches + b.batches,
+        rendered_entries=a.rendered_entries + b.rendered_entries,
+        rendered_chunks=a.rendered_chunks + b.rendered_chunks,
         claimed=a.claimed + b.claimed,
         written=a.written + b.written,
         from_cache=a.from_cache + b.from_cache,
@@ -511,3 +583,7 @@ class StopOnSignals:
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+def _since(started: float) -> float:
+    return time.perf_counter() - started

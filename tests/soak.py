@@ -51,7 +51,7 @@ class SoakResult:
     seconds: float = 0.0
     writers: int = 0
     max_statements: int = 1
-    sync: str = "commit"  # pgrag.sync of the writers: commit (the default) or immediate
+    sync: str = "commit"  # pgrag.sync of the writers: commit (the default), queue, immediate
     workers: int = 0
     transactions: int = 0
     statements: int = 0
@@ -178,8 +178,8 @@ class _Writer:
         ops = self.ops()
         with psycopg.connect(self.url) as conn:
             conn.execute("set lock_timeout = '30s'")  # a lost wakeup fails loudly, not hangs
-            if self.result.sync == "immediate":  # render per statement, as before revision 0007
-                conn.execute("set pgrag.sync = immediate")
+            if self.result.sync != "commit":  # immediate: per statement; queue: by the workers
+                conn.execute("select set_config('pgrag.sync', %s, false)", (self.result.sync,))
             conn.commit()
             while not stop.is_set():
                 chosen = [
@@ -223,7 +223,8 @@ def run_soak(
 
     ``sync="immediate"`` makes the writers render per statement (``set pgrag.sync =
     immediate``), as every writer did before revision 0007: the deadlocks that made commit-time
-    rendering the default."""
+    rendering the default. ``sync="queue"``: the writers only record what changed and the
+    workers render it."""
     result = SoakResult(writers=writers, workers=workers, max_statements=max_statements, sync=sync)
     stop = threading.Event()
     embedder = HashEmbedder()
@@ -234,7 +235,7 @@ def run_soak(
             while not stop.is_set():
                 r = w.drain()
                 written.append(r.written)
-                if r.claimed == 0:
+                if r.claimed == 0 and r.rendered_entries == 0:
                     time.sleep(0.05)
 
     threads = [

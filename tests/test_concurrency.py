@@ -28,9 +28,10 @@ from .kills import TARGETS, KillStats, kill_round
 from .soak import prepare_shop, run_soak
 
 
-def test_writers_and_workers_agree_afterwards(db_url: str) -> None:
+@pytest.mark.parametrize("sync", ["commit", "queue"])
+def test_writers_and_workers_agree_afterwards(db_url: str, sync: str) -> None:
     prepare_shop(db_url)
-    r = run_soak(db_url, writers=4, workers=2, seconds=12, seed=7)
+    r = run_soak(db_url, writers=4, workers=2, seconds=12, seed=7, sync=sync)
     assert r.other_errors == []
     assert r.deadlocks == 0  # one statement per transaction: pgrag adds no deadlock
     assert r.transactions > 100, r
@@ -39,13 +40,14 @@ def test_writers_and_workers_agree_afterwards(db_url: str) -> None:
     assert r.chunks > 20 and r.embedded >= r.chunks
 
 
-def test_multi_statement_writers_never_deadlock_on_document_locks(db_url: str) -> None:
-    """Transactions of several statements: documents render at commit under per-type locks
-    taken in one order, so no deadlock goes through a document lock (the writers' own row-lock
-    cycles, which exist without pgrag, may still happen and say 40P01), and nothing is left
-    inconsistent (docs/reliability.md)."""
+@pytest.mark.parametrize("sync", ["commit", "queue"])
+def test_multi_statement_writers_never_deadlock_on_document_locks(db_url: str, sync: str) -> None:
+    """Transactions of several statements: documents render at commit under per-document
+    locks taken in one order (or by the workers), so no deadlock goes through a document lock
+    (the writers' own row-lock cycles, which exist without pgrag, may still happen and say
+    40P01), and nothing is left inconsistent (docs/reliability.md)."""
     prepare_shop(db_url)
-    r = run_soak(db_url, writers=4, workers=2, seconds=8, seed=11, max_statements=3)
+    r = run_soak(db_url, writers=4, workers=2, seconds=8, seed=11, max_statements=3, sync=sync)
     assert r.document_lock_deadlocks == 0, r
     assert r.other_errors == []  # a deadlock is DeadlockDetected, never PR004
     assert r.transactions > 30, r

@@ -317,9 +317,10 @@ def test_a_key_the_cast_would_change_is_an_error_not_a_delete(
     conn: psycopg.Connection[Any],
 ) -> None:
     """The guard behind the exact cast: a key that names an existing document but does not
-    survive the cast to the key type stops the refresh, naming the key and the type, and
-    deletes nothing. Forged as a user would meet it: the key column's type changes after the
-    declaration, and the generated render still casts to the old type."""
+    survive the cast to the key type is a render error naming the key and the type (raised
+    when asked for, recorded otherwise), and deletes nothing. Forged as a user would meet it:
+    the key column's type changes after the declaration, and the generated render still casts
+    to the old type."""
     conn.execute(
         "create schema kt; "
         "create table kt.doc (source_key character(1) primary key, text text not null); "
@@ -336,7 +337,12 @@ def test_a_key_the_cast_would_change_is_an_error_not_a_delete(
     conn.execute("select pgrag.refresh('kt_doc')")  # all: no cast, chunk ABW stored
     expected = r"key 'ABW' of kt_doc reads back as 'A'.*character\(1\)"
     with pytest.raises(DocumentError, match=expected), conn.transaction():
-        documents.refresh(conn, "kt_doc", ["ABW"])
+        documents.refresh(conn, "kt_doc", ["ABW"], on_error="raise")
+    conn.execute("select pgrag.refresh('kt_doc', array['ABW'])")  # recorded, not raised
+    row = conn.execute(
+        "select sqlstate, message from pgrag.render_errors where doc_type = 'kt_doc'"
+    ).fetchone()
+    assert row is not None and row[0] == "PR004" and "reads back as 'A'" in row[1]
     keys = [
         r[0]
         for r in conn.execute(

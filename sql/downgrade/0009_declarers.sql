@@ -11,6 +11,13 @@ begin
     end loop;
 end
 $$;
+drop table pgrag.render_lag;
+drop table pgrag.render_errors;
+drop table pgrag.render_queue;
+alter table pgrag.chunks drop column truncated_from;
+alter table pgrag.doc_watches drop column reads;
+alter table pgrag.doc_types drop column sync;
+alter table pgrag.settings drop column query_cache_ttl;
 alter table pgrag.doc_types disable row level security;
 alter table pgrag.doc_watches disable row level security;
 alter table pgrag.doc_stats disable row level security;

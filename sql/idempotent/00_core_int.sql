@@ -131,6 +131,8 @@ return case name
     when 'question_words' then 100         -- ranking slows down with the square of the words
     when 'name_chars' then 300             -- a name: a document type, a table
     when 'sql_chars' then 100000           -- a declared query
+    when 'document_chars' then 100000      -- a chunk's text (more is cut, and the chunk says
+                                           -- so): its tsvector stays under PostgreSQL's 1 MB
     when 'filter_depth' then 32            -- $and / $or / $not levels
     when 'filter_terms' then 1000          -- conditions of one filter
     when 'filter_in_values' then 10000     -- values of one $in / $nin

@@ -32,28 +32,65 @@ comment on function pgrag.check_dimension(integer) is
     'Refuse (PR002) a vector dimension other than the store''s';
 
 
+select pgrag._drop_if_changed(to_regprocedure('pgrag.status()'),
+    'TABLE(embedding_dim integer, embedding_model text, chunks bigint, pending bigint, '
+    'doc_types jsonb, render_queued bigint, render_oldest interval, render_lag jsonb, '
+    'render_errors bigint)');
+
 create or replace function pgrag.status()
 returns table (
     embedding_dim integer,
     embedding_model text,
     chunks bigint,
     pending bigint,
-    doc_types jsonb
+    doc_types jsonb,
+    render_queued bigint,    -- entries of pgrag.render_queue (NULL: the caller may not read it)
+    render_oldest interval,  -- the age of the oldest one
+    render_lag jsonb,        -- the worker's render lag over the last 15 minutes:
+                             -- {"documents", "p50_ms", "p95_ms", "max_ms"}
+    render_errors bigint     -- documents whose last render failed (pgrag verify lists them)
 )
-language sql stable security invoker
+language plpgsql stable security invoker
 set search_path = pg_catalog, pg_temp
-as $$
-    select s.embedding_dim,
-           s.embedding_model,
-           (select count(*) from pgrag.chunks),
-           (select count(*) from pgrag.chunks where embedding is null),
-           coalesce((select jsonb_object_agg(doc_type, n)
-                     from (select doc_type, count(*) as n from pgrag.chunks group by doc_type) t),
-                    '{}'::jsonb)
-    from pgrag.settings s
-$$;
+as $fn$
+-- (The render figures read tables only the writer may: a reader gets NULLs. PostgreSQL checks
+-- every table a statement names before it runs, so they are read by statements of their own.)
+declare
+    r record;
+begin
+    select s.embedding_dim as dim, s.embedding_model as model,
+           (select count(*) from pgrag.chunks) as n,
+           (select count(*) from pgrag.chunks c where c.embedding is null) as waiting,
+           coalesce((select jsonb_object_agg(t.doc_type, t.n)
+                       from (select c.doc_type, count(*) as n from pgrag.chunks c
+                              group by c.doc_type) t), '{}'::jsonb) as types
+      into r from pgrag.settings s;
+    embedding_dim := r.dim;
+    embedding_model := r.model;
+    chunks := r.n;
+    pending := r.waiting;
+    doc_types := r.types;
+    if has_table_privilege('pgrag.render_queue', 'select') then
+        select count(*), clock_timestamp() - min(q.queued_at) into render_queued, render_oldest
+          from pgrag.render_queue q;
+        select jsonb_build_object(
+                   'documents', (select coalesce(sum(b.documents), 0) from pgrag.render_lag b
+                                  where b.rendered_at > now() - interval '15 minutes'),
+                   'p50_ms', round(percentile_cont(0.5) within group (order by x)::numeric, 1),
+                   'p95_ms', round(percentile_cont(0.95) within group (order by x)::numeric, 1),
+                   'max_ms', round(max(x)::numeric, 1))
+          into render_lag
+          from pgrag.render_lag b, unnest(b.lags_ms) x
+         where b.rendered_at > now() - interval '15 minutes';
+        select count(*) into render_errors from pgrag.render_errors;
+    end if;
+    return next;
+end
+$fn$;
 
-comment on function pgrag.status() is 'Store size, chunks waiting for a vector, and chunks per document type';
+comment on function pgrag.status() is
+    'Store size, chunks waiting for a vector, chunks per document type, the render queue, its '
+    'lag and render errors';
 
 
 create or replace function pgrag.current_tenant()

@@ -359,46 +359,61 @@ begin
         as $body$ select d.source_key::text from %2$s d order by d.source_key $body$
         $f$, pgrag._generated('list', t.name), t.source));
 
-    -- The upsert, with separate statements for "these keys" and "all" so each has a good
-    -- cached plan (an `or keys is null` would make the keyed one scan the whole type).
+    -- The store: render (as the declarer), skip what did not change, upsert the rest, delete
+    -- what the source no longer yields. Separate statements for "these keys" and "all" so each
+    -- has a good cached plan (an `or keys is null` would make the keyed one scan the whole type).
+    -- It takes no lock: its callers hold the documents' locks (pgrag._lock_documents).
     upsert := format($u$
             with src as materialized (
-                select r.key, r.parent, r.body, r.meta, r.tenant from pgrag_docs.%1$I(keys) r
+                select r.key, r.parent, left(r.body, %4$s) as body,
+                       case when length(r.body) > %4$s then length(r.body) end as cut,
+                       r.meta, r.tenant,
+                       %3$s as parent_id
+                from pgrag_docs.%1$I(keys) r
+            ),
+            todo as (  -- unchanged documents are not written at all (no tsvector, no WAL)
+                select s.* from src s
+                where not exists (
+                    select from pgrag.chunks c
+                     where c.doc_type = %2$L and c.source_key = s.key
+                       and (c.text, c.metadata, c.parent_key, c.parent_id, c.tenant,
+                            c.truncated_from)
+                           is not distinct from (s.body, s.meta, s.parent, s.parent_id, s.tenant,
+                                                 s.cut))
             ),
             up as (
                 insert into pgrag.chunks as c
-                       (doc_type, source_key, parent_key, parent_id, text, metadata, tenant)
-                select %2$L, s.key, s.parent,
-                       (select p.id from pgrag.chunks p
-                         where p.doc_type = %3$L and p.source_key = s.parent),
-                       s.body, s.meta, s.tenant
-                from src s
+                       (doc_type, source_key, parent_key, parent_id, text, metadata, tenant,
+                        truncated_from)
+                select %2$L, s.key, s.parent, s.parent_id, s.body, s.meta, s.tenant, s.cut
+                from todo s
                 on conflict (doc_type, source_key) do update
                 set text = excluded.text,
                     metadata = excluded.metadata,
                     parent_key = excluded.parent_key,
                     parent_id = excluded.parent_id,
                     tenant = excluded.tenant,
+                    truncated_from = excluded.truncated_from,
                     embedding = case when c.text = excluded.text then c.embedding end,
                     embedding_model = case when c.text = excluded.text then c.embedding_model end,
                     embedded_at = case when c.text = excluded.text then c.embedded_at end,
                     updated_at = now()
-                where (c.text, c.metadata, c.parent_key, c.parent_id, c.tenant)
+                where (c.text, c.metadata, c.parent_key, c.parent_id, c.tenant, c.truncated_from)
                       is distinct from (excluded.text, excluded.metadata, excluded.parent_key,
-                                        excluded.parent_id, excluded.tenant)
-                returning c.embedding is null as pending
-            ),
-            gone as (
-                delete from pgrag.chunks c
-                where c.doc_type = %2$L
-                  and %%s
-                  and not exists (select 1 from src s where s.key = c.source_key)
-                returning 1
+                                        excluded.parent_id, excluded.tenant,
+                                        excluded.truncated_from)
+                returning c.source_key, c.embedding is null as pending, c.xmax = '0' as inserted
             )
+            %%s
             select (select count(*) from up), (select count(*) from up where pending),
-                   (select count(*) from gone)
-            into n_up, n_pending, n_gone
-            $u$, pgrag._generated('render', t.name), t.name, t.parent_type);
+                   (select array_agg(up.source_key) from up where inserted),
+                   %%s
+            into n_up, n_pending, new_keys, n_gone, n_rendered, rendered
+            $u$, pgrag._generated('render', t.name), t.name,
+            case when t.parent_type is null then 'null::bigint'
+                 else format('(select p.id from pgrag.chunks p where p.doc_type = %L '
+                             'and p.source_key = r.parent)', t.parent_type) end,
+            pgrag._limit('document_chars'));
 
     perform pgrag._create_generated(pgrag._generated('store', t.name), 'text[]', format($f$
         create or replace function pgrag_docs.%1$I(keys text[])
@@ -409,54 +424,40 @@ begin
         @pinned_settings@
         as $body$
         -- security definer, owned by the role that declared the type: render (as that role) and
-        -- store the documents of these keys (all when NULL). It takes keys only.
+        -- store the documents of these keys (all when NULL). It takes keys only, and no lock:
+        -- the caller holds the documents' locks (pgrag._store's callers).
         declare
             n_up bigint;
             n_pending bigint;
             n_gone bigint;
             n_linked bigint := 0;
+            new_keys text[];
+            n_rendered bigint;
+            rendered text[];
         begin
-            -- Writers of one document take turns: a concurrent transaction re-rendering the
-            -- same key waits here for the first to commit, then renders from a new snapshot
-            -- (READ COMMITTED takes one per statement), so the last commit's text wins. Keys
-            -- lock by one of 256 buckets, in bucket order (no deadlock between two of these;
-            -- at most 256 lock-table entries per type per transaction); a full refresh locks
-            -- the whole type.
-            if keys is null then
-                perform pg_advisory_xact_lock(%5$s::bigint);
-            else
-                perform pg_advisory_xact_lock_shared(%5$s::bigint);
-                perform pg_advisory_xact_lock(%5$s, b)
-                   from (select distinct hashtext(k) & 255 as b from unnest(keys) as u(k)) d
-                  order by b;
-            end if;
-
             if keys is null then
                 %2$s;
             else
                 %3$s;
+                -- the keys the source no longer yields: their chunks go (a statement of its
+                -- own, run only when some key did not render)
+                if n_rendered < cardinality(keys) then
+                    delete from pgrag.chunks c
+                     where c.doc_type = %4$L and c.source_key = any(keys)
+                       and c.source_key not in (select unnest(rendered));
+                    get diagnostics n_gone = row_count;
+                end if;
             end if;
 
             -- Children rendered before their parent existed find it now (the child types as
             -- declared now: a child declared later needs no new function here).
-            if not exists (select from pgrag.doc_types c where c.parent_type = %4$L) then
-                null;
-            elsif keys is null then
+            if new_keys is not null
+               and exists (select from pgrag.doc_types c where c.parent_type = %4$L) then
                 update pgrag.chunks ch
                    set parent_id = p.id
                   from pgrag.chunks p
                  where p.doc_type = %4$L
-                   and ch.doc_type in (select c.name from pgrag.doc_types c
-                                        where c.parent_type = %4$L)
-                   and ch.parent_key = p.source_key
-                   and ch.parent_id is distinct from p.id;
-                get diagnostics n_linked = row_count;
-            else
-                update pgrag.chunks ch
-                   set parent_id = p.id
-                  from pgrag.chunks p
-                 where p.doc_type = %4$L
-                   and p.source_key = any(keys)
+                   and p.source_key = any(new_keys)
                    and ch.doc_type in (select c.name from pgrag.doc_types c
                                         where c.parent_type = %4$L)
                    and ch.parent_key = p.source_key
@@ -465,57 +466,459 @@ begin
             end if;
 
             if n_pending > 0 then
-                perform pg_notify('pgrag_chunks', %4$L);
+                perform pgrag._notify('pgrag_chunks');
             end if;
             return n_up + n_gone + n_linked;
         end
         $body$
         $f$,
         pgrag._generated('store', t.name),
-        format(upsert, 'true'),
-        format(upsert, 'c.source_key = any(keys)'),
-        t.name,
-        hashtext('pgrag document ' || t.name)));
+        format(upsert,
+               $g$, gone as (
+                   delete from pgrag.chunks c
+                   where c.doc_type = $g$ || quote_literal(t.name) || $g$
+                     and not exists (select 1 from src s where s.key = c.source_key)
+                   returning 1
+               )$g$,
+               '(select count(*) from gone), null::bigint, null::text[]'),
+        format(upsert, '', '0, (select count(*) from src), (select array_agg(s.key) from src s)'),
+        t.name));
 end
 $fn$;
 
 
-create or replace function pgrag._run_sync(doc_type text, keys text[], op text, source_table regclass)
+create or replace function pgrag._store(doc_type text, keys text[], on_error text default 'record')
+returns bigint
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+#variable_conflict use_variable
+-- Render and store documents of a type (every one when keys is NULL), under the caller's
+-- document locks. A document whose render fails never fails the rest, nor the transaction
+-- (on_error 'record'): the batch is split in halves until the failing documents are alone;
+-- each is recorded in pgrag.render_errors and its chunk stays as it was. A document that
+-- renders again loses its error. Contention and cancellation (deadlock, serialization
+-- failure, lock or statement timeout) keep their SQLSTATE: they are the caller's to retry.
+-- on_error 'raise': the first failure is raised (PR004, naming the type and key).
+declare
+    n bigint;
+begin
+    if keys is not null and cardinality(keys) = 0 then
+        return 0;
+    end if;
+    begin
+        execute format('select pgrag_docs.%I($1::text[])', 'store_' || doc_type) into n using keys;
+    exception
+        when deadlock_detected or serialization_failure or lock_not_available
+             or query_canceled then
+            raise;
+        when others then
+            if on_error = 'raise' and keys is null then
+                raise;
+            end if;
+            n := null;
+    end;
+    if n is not null then
+        if exists (select from pgrag.render_errors e where e.doc_type = _store.doc_type) then
+            delete from pgrag.render_errors e
+             where e.doc_type = _store.doc_type and (keys is null or e.source_key = any(keys));
+        end if;
+        return n;
+    end if;
+    if keys is null then
+        -- every document failed together: one at a time, those of the source and those stored
+        keys := array(select k from pgrag.document_keys(doc_type) k
+                      union select c.source_key from pgrag.chunks c where c.doc_type = _store.doc_type);
+    end if;
+    return pgrag._store_halves(doc_type, keys, on_error);
+end
+$fn$;
+
+comment on function pgrag._store(text, text[], text) is
+    'Render and store documents under the caller''s locks; a failing document is recorded in '
+    'pgrag.render_errors and skipped';
+
+
+create or replace function pgrag._store_halves(doc_type text, keys text[], on_error text)
+returns bigint
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+#variable_conflict use_variable
+-- pgrag._store after a batch failed: each half in a subtransaction of its own; a failing half
+-- is split again, down to the documents that fail alone (about 2 log2(n) subtransactions per
+-- failing document).
+declare
+    n bigint;
+    half integer := cardinality(keys) / 2;
+    sensitive boolean;
+begin
+    begin
+        execute format('select pgrag_docs.%I($1::text[])', 'store_' || doc_type) into n using keys;
+        delete from pgrag.render_errors e
+         where e.doc_type = _store_halves.doc_type and e.source_key = any(keys);
+        return n;
+    exception
+        when deadlock_detected or serialization_failure or lock_not_available
+             or query_canceled then
+            raise;
+        when others then
+            if cardinality(keys) > 1 then
+                null;  -- split below
+            elsif on_error = 'raise' then
+                raise exception using errcode = 'PR004',
+                    message = format('pgrag could not render %s document %s: %s', doc_type,
+                                     keys[1], sqlerrm),
+                    hint = format('fix the document view %s or the data',
+                                  (select d.source::text from pgrag.doc_types d
+                                    where d.name = _store_halves.doc_type));
+            else
+                -- an error in a view with sensitive columns may quote a row's value, and
+                -- messages end up in logs: its SQLSTATE only
+                sensitive := coalesce((select d.sensitive <> '{}' from pgrag.doc_types d
+                                        where d.name = _store_halves.doc_type), false);
+                insert into pgrag.render_errors as e (doc_type, source_key, sqlstate, message)
+                values (doc_type, keys[1], sqlstate,
+                        case when sensitive
+                             then format('message withheld: %s has sensitive columns; '
+                                         'pgrag.refresh(%L, array[%L], on_error => ''raise'') '
+                                         'shows it', doc_type, doc_type, keys[1])
+                             else left(sqlerrm, 2000) end)
+                on conflict on constraint render_errors_pkey do update
+                set sqlstate = excluded.sqlstate, message = excluded.message, failed_at = now();
+                return 0;
+            end if;
+    end;
+    return pgrag._store_halves(doc_type, keys[1:half], on_error)
+         + pgrag._store_halves(doc_type, keys[half + 1:], on_error);
+end
+$fn$;
+
+comment on function pgrag._store_halves(text, text[], text) is
+    'Store a failed batch by halves, down to the documents that fail alone (recorded)';
+
+
+create or replace function pgrag._lock_documents(todo jsonb, wait boolean)
+returns jsonb
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+set plan_cache_mode = force_generic_plan
+as $fn$
+-- Take the locks of the documents in todo ({type: [keys] | null (all)}), in the one global
+-- order every transaction uses: by type, then bucket, then key. A render holds its documents'
+-- locks until its transaction ends, so two renders of one document take turns and the later
+-- one reads the earlier one's commit; renders of different documents never wait for each other.
+--   a type      its lock shared (a whole-type render takes it exclusive: it waits for the
+--               keyed renders and they for it);
+--   a few keys  (up to 32 of a type) the shared lock of each key's bucket (of 256), then the
+--               key's own lock;
+--   many keys   each bucket exclusive: at most 256 locks for any number of keys (PostgreSQL's
+--               lock table holds a few thousand).
+-- Lock ids: (hash of 'pgrag document <type>') for the type, (hash of 'pgrag bucket <type>',
+-- bucket) for buckets, (type hash, hash of the key) for keys.
+-- wait: take each in order, waiting as needed (no cycle: everyone takes them in this order).
+-- Else only what is free now, returning what was not ({type: [keys] | null}); callers that
+-- may not wait (they hold locks out of this order) hand those documents to the render queue.
+declare
+    missed jsonb;
+begin
+    with t as (
+        select e.key as doc_type,
+               hashtext('pgrag document ' || e.key) as th,
+               hashtext('pgrag bucket ' || e.key) as tb,
+               jsonb_typeof(e.value) = 'null' as every,
+               case when jsonb_typeof(e.value) = 'array' then jsonb_array_length(e.value) end as n
+          from jsonb_each(todo) e
+    ),
+    k as (
+        select t.doc_type, t.th, t.tb, t.n, u.k, hashtext(u.k) as kh, hashtext(u.k) & 255 as b
+          from t, jsonb_array_elements_text(todo -> t.doc_type) u(k)
+         where not t.every
+    ),
+    items as (
+        select t.doc_type, t.th, -1 as b, 0 as sub, 0 as kh,
+               case when t.every then 'type_x' else 'type_s' end as kind, t.tb, null::text as k
+          from t
+        union all
+        select distinct k.doc_type, k.th, k.b, 0, 0,
+               case when k.n > 32 then 'bucket_x' else 'bucket_s' end, k.tb, null::text
+          from k
+        union all
+        select k.doc_type, k.th, k.b, 1, k.kh, 'key', k.tb, k.k
+          from k where k.n <= 32
+    ),
+    taken as (  -- (void::text is '': a lock waited for is a lock taken)
+        select i.*,
+               case when wait then
+                        case i.kind
+                            when 'type_s' then pg_advisory_xact_lock_shared(i.th::bigint)::text
+                            when 'type_x' then pg_advisory_xact_lock(i.th::bigint)::text
+                            when 'bucket_s' then pg_advisory_xact_lock_shared(i.tb, i.b)::text
+                            when 'bucket_x' then pg_advisory_xact_lock(i.tb, i.b)::text
+                            else pg_advisory_xact_lock(i.th, i.kh)::text end is not null
+                    else
+                        case i.kind
+                            when 'type_s' then pg_try_advisory_xact_lock_shared(i.th::bigint)
+                            when 'type_x' then pg_try_advisory_xact_lock(i.th::bigint)
+                            when 'bucket_s' then pg_try_advisory_xact_lock_shared(i.tb, i.b)
+                            when 'bucket_x' then pg_try_advisory_xact_lock(i.tb, i.b)
+                            else pg_try_advisory_xact_lock(i.th, i.kh) end
+               end as got
+          from items i
+         order by i.th, i.doc_type, i.b, i.sub, i.kh
+    ),
+    lost as (  -- the documents a lock not taken covers
+        select distinct x.doc_type, x.kind, x.b, x.k from taken x where not x.got
+    )
+    select jsonb_object_agg(m.doc_type, m.keys) into missed
+      from (select l.doc_type,
+                   case when bool_or(l.kind like 'type%') then 'null'::jsonb
+                        else to_jsonb(array(
+                            select distinct k.k from k
+                             where k.doc_type = l.doc_type
+                               and (k.k in (select l2.k from lost l2
+                                             where l2.doc_type = l.doc_type and l2.kind = 'key')
+                                    or k.b in (select l2.b from lost l2
+                                                where l2.doc_type = l.doc_type
+                                                  and l2.kind like 'bucket%'))))
+                   end as keys
+              from lost l group by l.doc_type) m;
+    return coalesce(missed, '{}');
+end
+$fn$;
+
+comment on function pgrag._lock_documents(jsonb, boolean) is
+    'Take the locks of documents ({type: [keys] | null}) in the one global order; without '
+    'waiting, return those not taken';
+
+
+create or replace function pgrag._committed_between(a pg_snapshot, b pg_snapshot)
+returns boolean
+language plpgsql immutable parallel safe security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+-- Whether a transaction with an id (one that wrote) ended between snapshot a and the later b:
+-- one running in a and no longer in b, or one begun after a and already ended in b. (The
+-- caller's own transaction is in neither list.) plpgsql, like the other helpers of the commit
+-- path: a SQL function not inlined plans its body at every call.
+begin
+    return exists (select from pg_snapshot_xip(a) x where pg_visible_in_snapshot(x, b))
+        or pg_snapshot_xmax(b)::text::numeric - pg_snapshot_xmax(a)::text::numeric
+           > (select count(*) from pg_snapshot_xip(b) x where x >= pg_snapshot_xmax(a));
+end
+$fn$;
+
+
+create or replace function pgrag._made_here(x xid)
+returns boolean
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+-- Whether x (a catalog row's xmin, 32 bits) is this transaction or one of its subtransactions:
+-- a visible row whose xmin is still in progress can only be ours (another transaction's
+-- uncommitted rows are invisible). Ours are at or after our transaction id, which gives the
+-- 64-bit id from the 32 bits; an id that is not ours may come out in the future: not ours.
+declare
+    top numeric := pg_current_xact_id()::text::numeric;
+begin
+    return pg_xact_status((top + ((x::text::numeric - top % 4294967296) % 4294967296
+                                  + 4294967296) % 4294967296)::text::xid8) = 'in progress';
+exception when invalid_parameter_value then
+    return false;
+end
+$fn$;
+
+
+create or replace function pgrag._todo_merge(a jsonb, b jsonb)
+returns jsonb
+language plpgsql immutable parallel safe security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+-- Two sets of documents ({type: [keys] | null (all)}) as one, each key once.
+begin
+    if a is null or a = '{}' then
+        return coalesce(b, '{}');
+    elsif b is null or b = '{}' then
+        return a;
+    elsif not exists (select from jsonb_object_keys(b) k where a ? k) then
+        return a || b;
+    end if;
+    return (select coalesce(jsonb_object_agg(x.doc_type, x.keys), '{}')
+              from (select e.key as doc_type,
+                           case when bool_or(jsonb_typeof(e.value) = 'null') then 'null'::jsonb
+                                else coalesce((select jsonb_agg(distinct v order by v)
+                                                 from jsonb_array_elements_text(
+                                                          jsonb_path_query_array(
+                                                              jsonb_agg(e.value), '$[*][*]')) v),
+                                              '[]') end as keys
+                      from (select * from jsonb_each(a) union all select * from jsonb_each(b)) e
+                     group by e.key) x);
+end
+$fn$;
+
+
+create or replace function pgrag._todo_minus(a jsonb, b jsonb)
+returns jsonb
+language plpgsql immutable parallel safe security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+-- The documents of a that are not in b (a type b renders whole has none left).
+begin
+    return (select coalesce(jsonb_object_agg(x.doc_type, x.keys), '{}')
+              from (select e.key as doc_type,
+                           case when jsonb_typeof(e.value) = 'null' then 'null'::jsonb
+                                else to_jsonb(array(select jsonb_array_elements_text(e.value)
+                                                    except
+                                                    select jsonb_array_elements_text(b -> e.key)))
+                           end as keys
+                      from jsonb_each(coalesce(a, '{}')) e
+                     where jsonb_typeof(b -> e.key) is distinct from 'null') x
+             where x.keys <> '[]');
+end
+$fn$;
+
+
+create or replace function pgrag._keys_of_rows(doc_type text, source_table regclass, changed_rows text)
+returns text[]
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+-- A watch's key query over queued rows of its table (pgrag_docs.keys_<type>_<hash>, run as
+-- the type's declarer); none if the type or the watch is gone.
+declare
+    fn text;
+    keys text[];
+begin
+    -- (pgrag._generated's name, inline: this runs at every commit)
+    select format('keys_%s_%s', doc_type, left(md5(n.nspname || '.' || c.relname), 10))
+      into fn
+      from pg_class c join pg_namespace n on n.oid = c.relnamespace
+     where c.oid = source_table;
+    if fn is null or to_regprocedure(format('pgrag_docs.%I(text)', fn)) is null then
+        return '{}';
+    end if;
+    execute format('select pgrag_docs.%I($1::text)', fn) into keys using changed_rows;
+    return coalesce(keys, '{}');
+end
+$fn$;
+
+
+create or replace function pgrag._render_todo(todo jsonb)
+returns bigint
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+-- Store the documents of todo ({type: [keys] | null}) of types still declared, parents before
+-- children (a child's parent_id resolves to its parent's new chunk). Returns the number of
+-- chunks written or deleted.
+declare
+    t record;
+    n bigint := 0;
+begin
+    for t in with recursive chain(name, depth) as (
+                 select d.name, 0 from pgrag.doc_types d where d.parent_type is null
+                 union all
+                 select d.name, c.depth + 1
+                   from pgrag.doc_types d join chain c on d.parent_type = c.name
+                  where c.depth < 64)
+             select e.key as doc_type, e.value,
+                    (select max(c.depth) from chain c where c.name = e.key) as depth
+               from jsonb_each(todo) e
+              where exists (select from pgrag.doc_types d where d.name = e.key)
+              order by 3 nulls last, 1 loop
+        n := n + pgrag._store(t.doc_type,
+                              case when jsonb_typeof(t.value) = 'null' then null
+                                   else array(select jsonb_array_elements_text(t.value)) end);
+    end loop;
+    return n;
+end
+$fn$;
+
+
+create or replace function pgrag._notify(channel text)
+returns void
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+-- Wake the workers (LISTEN pgrag_render, pgrag_chunks) when this transaction commits, unless a
+-- transaction committing at the same time already will. A transaction that notifies takes a
+-- lock on the notification queue from its commit's start to its end, so every writer
+-- notifying would commit one at a time; this one notifies only if it gets a transaction lock
+-- no other holds. The workers, once woken, look again shortly after each batch
+-- (pgrag/worker.py), so those that did not notify are seen too.
+begin
+    if pg_try_advisory_xact_lock(hashtext('pgrag notify ' || channel)::bigint) then
+        perform pg_notify(channel, '');
+    end if;
+end
+$fn$;
+
+
+create or replace function pgrag._defer(todo jsonb)
+returns void
+language sql volatile security invoker
+set search_path = pg_catalog, pg_temp
+-- Hand documents ({type: [keys] | null}) to the worker: pgrag.render_queue, committed with the
+-- caller's transaction.
+begin atomic
+    insert into pgrag.render_queue (doc_type, keys)
+    select e.key, case when jsonb_typeof(e.value) = 'null' then null
+                       else array(select jsonb_array_elements_text(e.value)) end
+      from jsonb_each(todo) e
+     where jsonb_typeof(e.value) = 'null' or jsonb_array_length(e.value) > 0;
+    select pgrag._notify('pgrag_render');
+end;
+
+
+create or replace function pgrag._record(doc_type text, keys text[], source_table regclass,
+                                         changed_rows text, op text, queue boolean)
 returns void
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $fn$
 #variable_conflict use_variable
--- What every generated trigger function does once it has the keys: refresh them, and turn a
--- failure into an error that names the document type and keys (the statement is aborted).
--- A type with sensitive columns gets the SQLSTATE only: the message of an
--- error in its view may quote a row's value, and errors end up in logs.
+-- What a watched table's statement trigger hands on: the keys its statement changed; or, for a
+-- key query that reads other tables, the changed rows (their keys are found at commit, or by
+-- the worker, on a fresh snapshot); or neither: every document of the type (TRUNCATE).
+-- queue: into pgrag.render_queue, committed with the transaction, for the worker. Else into
+-- this transaction's pending set, rendered at its commit (pgrag.sync_now): a few keys in the
+-- transaction's memory (the setting pgrag.pending), rows and many keys in the unlogged
+-- pgrag.sync_queue; and the transaction's marker, whose deferred trigger runs pgrag.sync_now.
+declare
+    pending text;
 begin
-    perform pgrag.refresh(doc_type, keys);
-exception
-    when deadlock_detected or serialization_failure or lock_not_available or query_canceled then
-        raise;  -- contention or a timeout, not the document: keep the SQLSTATE a caller retries on
-    when others then
-        raise exception using
-            errcode = 'PR004',
-            message = format('pgrag could not rebuild %s document(s) %s after %s on %s: %s',
-                             doc_type,
-                             coalesce(array_to_string(keys[1:5], ', ')
-                                      || case when cardinality(keys) > 5
-                                              then format(' (and %s more)', cardinality(keys) - 5)
-                                              else '' end,
-                                      '(all)'),
-                             op, source_table,
-                             case when coalesce((select d.sensitive from pgrag.doc_types d
-                                                 where d.name = doc_type), '{}') <> '{}'
-                                  then format('error %s (message withheld: %s has sensitive'
-                                              ' columns; run pgrag.refresh(%L) to see it)',
-                                              sqlstate, doc_type, doc_type)
-                                  else sqlerrm end),
-            hint = format('fix the document view %s or the data; the statement was rolled back',
-                          (select d.source::text from pgrag.doc_types d where d.name = doc_type));
+    if queue then
+        insert into pgrag.render_queue (doc_type, keys, source_table, rows)
+        values (doc_type, keys, case when changed_rows is not null then source_table end,
+                changed_rows);
+        perform pgrag._notify('pgrag_render');
+        return;
+    end if;
+    if op = 'TRUNCATE' then  -- it holds an ACCESS EXCLUSIVE lock: pgrag.sync_now defers
+        perform set_config('pgrag.truncated', 'on', true);
+    end if;
+    pending := current_setting('pgrag.pending', true);
+    if changed_rows is null and keys is not null and cardinality(keys) <= 1000
+       and coalesce(length(pending), 0) < 100000 then
+        perform set_config('pgrag.pending',
+                           pgrag._todo_merge(nullif(pending, '')::jsonb,
+                                             jsonb_build_object(doc_type, to_jsonb(keys)))::text,
+                           true);
+    else
+        insert into pgrag.sync_queue (doc_type, source_table, op, keys, changed)
+        values (doc_type, source_table, op, keys, changed_rows);
+    end if;
+    -- (the setting first: with the constraint set IMMEDIATE, the insert runs pgrag.sync_now at
+    -- once, which clears it, so that the next statement inserts the marker again)
+    if current_setting('pgrag.marked', true) is distinct from pg_current_xact_id()::text then
+        perform set_config('pgrag.marked', pg_current_xact_id()::text, true);
+        insert into pgrag.sync_pending default values on conflict do nothing;
+    end if;
 end
 $fn$;
+
+comment on function pgrag._record(text, text[], regclass, text, text, boolean) is
+    'Record the documents a statement changed: for its commit, or for the worker (queue)';
 
 
 create or replace function pgrag._create_sync_function(doc_type text, source_table regclass)
@@ -527,19 +930,28 @@ as $fn$
 -- (Re)create the trigger function of one watched table, pgrag_docs.sync_<type>_<hash>(), and
 -- its key query over queued rows, pgrag_docs.keys_<type>_<hash>(rows), as the role that
 -- declared the type (the current user; security definer functions it owns: the key query runs
--- with its rights, whoever writes the table). The trigger function runs the key query over the
--- statement's transition rows (`changed`) and queues the keys with the changed rows for the
--- commit-time render (pgrag.sync_now); with `set pgrag.sync = immediate` pgrag._run_sync
--- renders them at once. `set pgrag.sync = off` in a session skips it (bulk loads); run
--- pgrag.refresh(type) after. Nothing here plans or runs the key query: a declaration checks it
--- as its declarer (pgrag.declare_document); a migration regenerating it only creates functions.
+-- with its rights, whoever writes the table). Per statement, the trigger function records
+-- (pgrag._record) what its statement changed:
+--   * a key query over `changed` alone (doc_watches.reads empty): it runs once, here, over the
+--     statement's transition rows, and the keys are recorded;
+--   * a key query that reads other tables: the changed rows are recorded (1,000 per entry),
+--     and the key query runs over them when they are rendered, on a snapshot that sees what
+--     other transactions committed meanwhile (a row moved to another document);
+--   * TRUNCATE: every document of the type.
+-- The type's sync mode (doc_types.sync) is written into the function; the session setting
+-- pgrag.sync overrides it: commit, queue, immediate (render at the end of each statement),
+-- off (record nothing: bulk loads, then pgrag.refresh). Nothing here plans or runs the key
+-- query: a declaration checks it as its declarer; a migration regenerating it only creates
+-- functions.
 declare
     kq text;
-    keys_sql text := E'select array_agg(distinct q.k::text) into keys from (%s\n) as q(k) where q.k is not null';
-    queue_block text;
+    reads regclass[];
+    mode text;
     owner regrole;
+    keys_sql text := E'select array_agg(distinct q.k::text) into keys from (%s\n) as q(k) where q.k is not null';
+    body text;
 begin
-    select w.key_query, d.owner into strict kq, owner
+    select w.key_query, w.reads, d.owner, d.sync into strict kq, reads, owner, mode
       from pgrag.doc_watches w join pgrag.doc_types d on d.name = w.doc_type
      where w.doc_type = _create_sync_function.doc_type
        and w.source_table = _create_sync_function.source_table;
@@ -549,40 +961,6 @@ begin
                              'functions', doc_type, owner, current_user),
             hint = format('act as %s (SET ROLE %s), or declare the type again', owner, owner);
     end if;
-    -- Queue the keys with the statement's rows (as the table's row type, in text), and this
-    -- transaction's marker, whose deferred trigger renders the queue at commit.
-    queue_block := format($q$
-            if coalesce(current_setting('pgrag.sync', true), '') <> 'immediate' then
-                if tg_op = 'TRUNCATE' then
-                    insert into pgrag.sync_queue (doc_type, source_table, op)
-                    values (%1$L, tg_relid, tg_op);
-                    insert into pgrag.sync_pending default values on conflict do nothing;
-                    return null;
-                end if;
-                if tg_op = 'INSERT' then
-                    with changed as (select * from pgrag_new) %2$s;
-                    if cardinality(keys) > 0 then
-                        changed_rows := (select array_agg(r)::text from pgrag_new r);
-                    end if;
-                elsif tg_op = 'UPDATE' then
-                    with changed as (select * from pgrag_new union all select * from pgrag_old) %2$s;
-                    if cardinality(keys) > 0 then
-                        changed_rows := (select array_agg(r)::text
-                                   from (select * from pgrag_new union all select * from pgrag_old) r);
-                    end if;
-                else
-                    with changed as (select * from pgrag_old) %2$s;
-                    if cardinality(keys) > 0 then
-                        changed_rows := (select array_agg(r)::text from pgrag_old r);
-                    end if;
-                end if;
-                if cardinality(keys) > 0 then
-                    insert into pgrag.sync_queue (doc_type, source_table, op, keys, changed)
-                    values (%1$L, tg_relid, tg_op, keys, changed_rows);
-                    insert into pgrag.sync_pending default values on conflict do nothing;
-                end if;
-                return null;
-            end if;$q$, doc_type, format(keys_sql, kq));
     -- Bodies go in as quoted literals (%L), never between dollar quotes: a key query that
     -- contains `$body$` cannot end the body early and add code of its own.
     perform pgrag._create_generated(pgrag._generated('keys', doc_type, source_table), 'text',
@@ -597,7 +975,7 @@ begin
             pgrag._generated('keys', doc_type, source_table),
             format($body$
             -- security definer, owned by the role that declared the type: its key query over
-            -- queued rows (of this table's row type), as that role.
+            -- recorded rows (of this table's row type), as that role.
             declare
                 keys text[];
             begin
@@ -605,6 +983,38 @@ begin
                 return keys;
             end
             $body$, source_table, format(keys_sql, kq))));
+    if reads is not null and cardinality(reads) = 0 then
+        body := format($b$
+            if tg_op = 'INSERT' then
+                with changed as (select * from pgrag_new) %1$s;
+            elsif tg_op = 'UPDATE' then
+                with changed as (select * from pgrag_new union all select * from pgrag_old) %1$s;
+            else
+                with changed as (select * from pgrag_old) %1$s;
+            end if;
+            if cardinality(keys) > 0 then
+                perform pgrag._record(%2$L, keys, tg_relid, null, tg_op, queue);
+            end if;$b$, format(keys_sql, kq), doc_type);
+    else
+        body := format($b$
+            if tg_op = 'INSERT' then
+                perform pgrag._record(%1$L, null, tg_relid, b.rows, tg_op, queue)
+                   from (select array_agg(x.r)::text as rows
+                           from (select r, (row_number() over () - 1) / 1000 as g
+                                   from pgrag_new r) x group by x.g) b;
+            elsif tg_op = 'UPDATE' then
+                perform pgrag._record(%1$L, null, tg_relid, b.rows, tg_op, queue)
+                   from (select array_agg(x.r)::text as rows
+                           from (select r, (row_number() over () - 1) / 1000 as g
+                                   from (select * from pgrag_new r union all
+                                         select * from pgrag_old r) r) x group by x.g) b;
+            else
+                perform pgrag._record(%1$L, null, tg_relid, b.rows, tg_op, queue)
+                   from (select array_agg(x.r)::text as rows
+                           from (select r, (row_number() over () - 1) / 1000 as g
+                                   from pgrag_old r) x group by x.g) b;
+            end if;$b$, doc_type);
+    end if;
     perform pgrag._create_generated(pgrag._generated('sync', doc_type, source_table), '',
         format($f$
         create or replace function pgrag_docs.%1$I()
@@ -619,40 +1029,23 @@ begin
         -- security definer, owned by the role that declared the type: the key query runs as
         -- that role, whoever writes the table.
         declare
+            mode text := coalesce(nullif(current_setting('pgrag.sync', true), ''), %1$L);
+            queue boolean := mode = 'queue';
             keys text[];
-            done text[] := '{}';
-            changed_rows text;
         begin
-            if current_setting('pgrag.sync', true) = 'off' then
-                return null;
-            end if;%3$s
-            if tg_op = 'TRUNCATE' then
-                perform pgrag._run_sync(%2$L, null, tg_op, tg_relid::regclass);
+            if mode = 'off' then
                 return null;
             end if;
-            -- The key query reads other tables (an item's order's customer...) as of this
-            -- statement's start. Once our documents are re-rendered (after waiting for any
-            -- concurrent writer of them), ask again on a fresh snapshot: a concurrent commit
-            -- may have moved rows to documents we did not know of. Repeat until none is new.
-            loop
-                if tg_op = 'INSERT' then
-                    with changed as (select * from pgrag_new) %1$s;
-                elsif tg_op = 'UPDATE' then
-                    with changed as (select * from pgrag_new union all select * from pgrag_old) %1$s;
-                else
-                    with changed as (select * from pgrag_old) %1$s;
-                end if;
-                keys := array(select k from unnest(keys) as u(k) except select unnest(done));
-                exit when cardinality(keys) = 0;
-                perform pgrag._run_sync(%2$L, keys, tg_op, tg_relid::regclass);
-                done := done || keys;
-            end loop;
+            if tg_op = 'TRUNCATE' then
+                perform pgrag._record(%2$L, null, tg_relid, null, tg_op, queue);
+            else%3$s
+            end if;
+            if mode = 'immediate' then
+                perform pgrag.sync_now();
+            end if;
             return null;
         end
-        $body$,
-        format(keys_sql, kq),
-        doc_type,
-        queue_block)));
+        $body$, mode, doc_type, body)));
 end
 $fn$;
 

@@ -14,7 +14,8 @@ create or replace function pgrag.declare_document(
     parent_type text default null,
     metadata_schema jsonb default '{}'::jsonb,
     tenant_column text default null,
-    sensitive jsonb default '{}'::jsonb
+    sensitive jsonb default '{}'::jsonb,
+    sync text default null
 )
 returns void
 language plpgsql volatile security invoker
@@ -31,6 +32,8 @@ as $fn$
 --   tenant_column    a source column: each chunk's tenant (docs/security.md)
 --   sensitive        {"column": "omit" | "mask"}: source columns whose values are cut out of the
 --                    text and metadata (docs/security.md)
+--   sync             commit (render at the writer's commit) or queue (the worker renders);
+--                    NULL: as declared before, else commit (docs/documents.md, Sync)
 -- Everything is checked before anything is created; the whole declaration is one transaction.
 -- Chunks are not rendered here: call pgrag.refresh(name) (or `pgrag rebuild name`); except when
 -- a re-declaration changes tenant_column or sensitive: its chunks are then re-rendered here.
@@ -45,6 +48,8 @@ declare
     dup text;
     old pgrag.doc_types;
     bad text;
+    plan json;
+    reads regclass[];
 begin
     -- the name and the parent
     if declare_document.name is null or declare_document.name !~ '^[a-z][a-z0-9_]{0,39}$' then
@@ -76,6 +81,11 @@ begin
         raise exception using errcode = 'PR003',
             message = format('metadata_schema of %s has unknown types (%s)', declare_document.name, bad),
             hint = 'types: text, integer, numeric, boolean, date, text[], integer[]';
+    end if;
+    if sync is not null and sync not in ('commit', 'queue') then
+        raise exception using errcode = 'PR003',
+            message = format('sync %L of %s is not commit or queue', sync, declare_document.name),
+            hint = 'commit: rendered at the writer''s commit; queue: rendered by the worker';
     end if;
     sensitive := coalesce(sensitive, '{}'::jsonb);
     if jsonb_typeof(sensitive) is distinct from 'object' then
@@ -200,14 +210,14 @@ begin
     -- The declaring role owns the type: its generated functions are that role's and run with
     -- its rights (row-level security on pgrag.doc_types lets a role record itself only).
     insert into pgrag.doc_types as d (name, source, owns_source, key_type, parent_type,
-                                      metadata_schema, tenant_column, sensitive, owner)
+                                      metadata_schema, tenant_column, sensitive, owner, sync)
     values (declare_document.name, src, owns, ktype, parent_type, metadata_schema, tenant_column,
-            sensitive, current_user::regrole)
+            sensitive, current_user::regrole, coalesce(sync, old.sync, 'commit'))
     on conflict on constraint doc_types_pkey do update
     set source = excluded.source, owns_source = excluded.owns_source, key_type = excluded.key_type,
         parent_type = excluded.parent_type, metadata_schema = excluded.metadata_schema,
         tenant_column = excluded.tenant_column, sensitive = excluded.sensitive,
-        owner = excluded.owner, updated_at = now();
+        owner = excluded.owner, sync = excluded.sync, updated_at = now();
     update pgrag.doc_stats s set owner = current_user::regrole
      where s.doc_type = declare_document.name and s.owner <> current_user::regrole;
     perform pgrag._create_render_function(declare_document.name);
@@ -240,8 +250,16 @@ begin
                                  declare_document.name, w.tbl_name, sqlerrm),
                 hint = 'select the document keys from `changed` (the changed rows); schema-qualify other tables';
         end;
-        insert into pgrag.doc_watches (doc_type, source_table, key_query)
-        values (declare_document.name, tbl, w.kq #>> '{}');
+        -- The relations the key query reads besides `changed` (its plan; `changed` as an
+        -- empty function scan): none means its keys depend on the changed rows alone.
+        execute format(E'explain (verbose, format json) with changed as (select * from '
+                       'unnest(null::%s[])) select q.k::text from (%s\n) as q(k)',
+                       tbl, w.kq #>> '{}') into plan;
+        reads := array(select distinct format('%I.%I', r ->> 'Schema', r ->> 'Relation Name')::regclass
+                         from jsonb_path_query(plan::jsonb,
+                                               'strict $.** ? (exists (@."Relation Name"))') r);
+        insert into pgrag.doc_watches (doc_type, source_table, key_query, reads)
+        values (declare_document.name, tbl, w.kq #>> '{}', reads);
         perform pgrag._create_sync_triggers(declare_document.name, tbl);
     end loop;
 
@@ -255,9 +273,52 @@ begin
 end
 $fn$;
 
-comment on function pgrag.declare_document(text, text, jsonb, text, jsonb, text, jsonb) is
+comment on function pgrag.declare_document(text, text, jsonb, text, jsonb, text, jsonb, text) is
     'Declare or replace a document type: its source view, watched tables and key queries, parent '
-    'type, tenant column and sensitive columns';
+    'type, tenant column, sensitive columns and sync mode';
+
+
+create or replace function pgrag.set_sync(doc_type text, mode text)
+returns void
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+#variable_conflict use_variable
+-- Switch a type between rendering at its writers' commit (commit) and by the worker (queue),
+-- without re-declaring it: its trigger functions are regenerated (the triggers stay, so its
+-- tables are not locked). As the role that declared it.
+declare
+    t pgrag.doc_types;
+    w record;
+begin
+    select * into t from pgrag.doc_types d where d.name = doc_type;
+    if not found then
+        raise exception using errcode = 'PR003',
+            message = format('document type %s is not declared', doc_type),
+            hint = '`pgrag documents list` shows the declared types';
+    end if;
+    if mode is null or mode not in ('commit', 'queue') then
+        raise exception using errcode = 'PR003',
+            message = format('sync mode %s is not commit or queue', coalesce(mode, 'NULL')),
+            hint = 'commit: rendered at the writer''s commit; queue: rendered by the worker';
+    end if;
+    if t.owner <> current_user::regrole then
+        raise exception using errcode = 'PR003',
+            message = format('document type %s belongs to role %s, not to %s',
+                             t.name, t.owner, current_user),
+            hint = format('act as %s (SET ROLE %s)', t.owner, t.owner);
+    end if;
+    update pgrag.doc_types d set sync = mode, updated_at = now() where d.name = t.name;
+    for w in select dw.source_table from pgrag.doc_watches dw
+              where dw.doc_type = t.name
+                and exists (select from pg_class c where c.oid = dw.source_table) loop
+        perform pgrag._create_sync_function(t.name, w.source_table);
+    end loop;
+end
+$fn$;
+
+comment on function pgrag.set_sync(text, text) is
+    'Render a type''s documents at its writers'' commit (commit) or by the worker (queue)';
 
 
 create or replace function pgrag.drop_document(name text, keep_chunks boolean default false)
@@ -299,6 +360,8 @@ begin
         delete from pgrag.chunks c where c.doc_type = t.name;
         get diagnostics n = row_count;
     end if;
+    delete from pgrag.render_queue q where q.doc_type = t.name;
+    delete from pgrag.render_errors e where e.doc_type = t.name;
     delete from pgrag.doc_types d where d.name = t.name;
     -- its generated functions, trigger functions of tables dropped meanwhile included
     for w in select p.oid::regprocedure as fn from pg_proc p
@@ -321,37 +384,118 @@ comment on function pgrag.drop_document(text, boolean) is
     'Remove a document type: its triggers, its generated view, its chunks; nothing else';
 
 
-create or replace function pgrag.refresh(doc_type text, keys text[] default null)
+create or replace function pgrag.refresh(doc_type text, keys text[] default null,
+                                         on_error text default 'record')
 returns bigint
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $fn$
 #variable_conflict use_variable
 -- Render the documents of `doc_type` whose source_key is in `keys` (all of them when NULL)
--- into pgrag.chunks, set-based, in the caller's transaction:
+-- into pgrag.chunks, set-based, in the caller's transaction, under their locks:
 --   new or changed text  → upserted with embedding NULL (the worker re-embeds it), NOTIFY sent
 --   unchanged text       → keeps its vector (metadata and parent link still refreshed)
 --   key no longer in the source → its chunk is deleted (and, through the FK, its children)
+-- A document whose render fails is recorded in pgrag.render_errors and skipped (on_error
+-- 'record'), or raised as PR004 naming it ('raise').
 -- Returns the number of chunks inserted, changed, deleted or re-linked.
-declare
-    n bigint;
 begin
     if not exists (select 1 from pgrag.doc_types d where d.name = doc_type) then
         raise exception using errcode = 'PR003',
             message = format('document type %s is not declared', doc_type),
             hint = 'declare it with pgrag.declare_document(...); `pgrag documents list` shows the declared ones';
     end if;
+    if on_error is null or on_error not in ('record', 'raise') then
+        raise exception using errcode = 'PR006',
+            message = format('on_error %s is not record or raise', coalesce(on_error, 'NULL')),
+            hint = 'record (skip a failing document, pgrag verify lists it) or raise';
+    end if;
     if keys is not null and cardinality(keys) = 0 then
         return 0;
     end if;
-    execute format('select pgrag_docs.%I($1::text[])', pgrag._generated('store', doc_type))
-       into n using keys;
-    return n;
+    perform pgrag._lock_documents(jsonb_build_object(doc_type, to_jsonb(keys)), true);
+    return pgrag._store(doc_type, keys, on_error);
 end
 $fn$;
 
-comment on function pgrag.refresh(text, text[]) is
+comment on function pgrag.refresh(text, text[], text) is
     'Render documents of a type (all, or those with the given source keys) into pgrag.chunks';
+
+
+create or replace function pgrag._verify_keys(doc_type text, keys text[])
+returns jsonb
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+#variable_conflict use_variable
+-- pgrag.verify for the documents of these keys (all when NULL): [[key, problem], ...]. If the
+-- render fails, the keys are compared by halves, down to the documents that fail alone, which
+-- are reported as such (their error; withheld for a type with sensitive columns).
+declare
+    parent text := (select d.parent_type from pgrag.doc_types d where d.name = _verify_keys.doc_type);
+    found jsonb;
+    half integer;
+begin
+    begin
+        execute format($sql$
+            with src as (
+                select r.key as source_key, r.parent as parent_key,
+                       left(r.body, %2$s) as text, r.meta as metadata
+                from pgrag_docs.%1$I($3) as r
+            ),
+            ch as (
+                select c.source_key, c.parent_key, c.text, c.metadata, p.source_key as linked_key
+                from pgrag.chunks c
+                left join pgrag.chunks p on p.id = c.parent_id
+                where c.doc_type = $1 and ($3 is null or c.source_key = any($3))
+            )
+            select coalesce(jsonb_agg(jsonb_build_array(
+                       coalesce(s.source_key, ch.source_key),
+                       case when ch.source_key is null then 'missing'
+                            when s.source_key is null then 'extra'
+                            when s.text is distinct from ch.text then 'stale text'
+                            when s.metadata is distinct from ch.metadata then 'stale metadata'
+                            else 'wrong parent' end)), '[]')
+            from src s
+            full join ch on ch.source_key = s.source_key
+            where ch.source_key is null or s.source_key is null
+               or s.text is distinct from ch.text
+               or s.metadata is distinct from ch.metadata
+               or s.parent_key is distinct from ch.parent_key
+               or ($2 is not null and ch.linked_key is distinct from ch.parent_key)
+            $sql$, pgrag._generated('render', doc_type), pgrag._limit('document_chars'))
+        into found using doc_type, parent, keys;
+        return found;
+    exception
+        when query_canceled then
+            raise;
+        when others then
+            if keys is not null and cardinality(keys) = 1 then
+                return jsonb_build_array(jsonb_build_array(keys[1], format(
+                    'render failed (%s): %s', sqlstate,
+                    case when (select d.sensitive <> '{}' from pgrag.doc_types d
+                                where d.name = _verify_keys.doc_type)
+                         then 'message withheld: the type has sensitive columns'
+                         else sqlerrm end)));
+            end if;
+    end;
+    if keys is null then
+        keys := array(select k from pgrag.document_keys(doc_type) k
+                      union select c.source_key from pgrag.chunks c
+                             where c.doc_type = _verify_keys.doc_type);
+    end if;
+    if cardinality(keys) = 0 then
+        return '[]';
+    end if;
+    half := greatest(cardinality(keys) / 2, 1);
+    return pgrag._verify_keys(doc_type, keys[1:half])
+        || case when cardinality(keys) > half
+                then pgrag._verify_keys(doc_type, keys[half + 1:]) else '[]' end;
+end
+$fn$;
+
+comment on function pgrag._verify_keys(text, text[]) is
+    'pgrag.verify for some documents, by halves past a render that fails';
 
 
 create or replace function pgrag.verify(only_type text default null)
@@ -362,7 +506,8 @@ as $fn$
 #variable_conflict use_variable
 -- Compare every declared source view with the stored chunks. No rows means all is in sync.
 -- problem: missing (in the view, no chunk), extra (a chunk the view no longer yields),
--- stale text, stale metadata, wrong parent.
+-- stale text, stale metadata, wrong parent, render failed (the document cannot be rendered:
+-- its error; the others are compared all the same).
 declare
     t pgrag.doc_types;
 begin
@@ -381,38 +526,9 @@ begin
             return query select t.name, null::text, 'source view is gone: re-declare the type';
             continue;
         end if;
-        return query execute format($sql$
-            with src as (
-                select r.key as source_key, r.parent as parent_key, r.body as text,
-                       r.meta as metadata
-                from pgrag_docs.%I(null::text[]) as r
-            ),
-            ch as (
-                select c.source_key, c.parent_key, c.text, c.metadata, p.source_key as linked_key
-                from pgrag.chunks c
-                left join pgrag.chunks p on p.id = c.parent_id
-                where c.doc_type = $1
-            )
-            select $1, coalesce(s.source_key, ch.source_key),
-                   case when ch.source_key is null then 'missing'
-                        when s.source_key is null then 'extra'
-                        when s.text is distinct from ch.text then 'stale text'
-                        when s.metadata is distinct from ch.metadata then 'stale metadata'
-                        when s.parent_key is distinct from ch.parent_key
-                          or ($2 is not null and ch.linked_key is distinct from ch.parent_key)
-                          then 'wrong parent'
-                   end
-            from src s
-            full join ch on ch.source_key = s.source_key
-            where ch.source_key is null or s.source_key is null
-               or s.text is distinct from ch.text
-               or s.metadata is distinct from ch.metadata
-               or s.parent_key is distinct from ch.parent_key
-               or ($2 is not null and ch.linked_key is distinct from ch.parent_key)
-            order by 2
-            $sql$,
-            pgrag._generated('render', t.name))
-        using t.name, t.parent_type;
+        return query select t.name, p ->> 0, p ->> 1
+                       from jsonb_array_elements(pgrag._verify_keys(t.name, null)) p
+                      order by 2, 3;
     end loop;
 end
 $fn$;
@@ -447,24 +563,30 @@ comment on function pgrag.document_keys(text) is
 -- Sync at commit: render every document a transaction changed once, when it commits.
 -- docs/documents.md (Sync) and docs/reliability.md (Deadlocks) explain why.
 --
--- A watched table's statement trigger (generated by 10_documents_int.sql) queues the keys its key
--- query found and the statement's changed rows in pgrag.sync_queue, and inserts the
--- transaction's marker into pgrag.sync_pending (once: on conflict do nothing). The marker's
--- constraint trigger is DEFERRABLE INITIALLY DEFERRED, so it fires at commit, once, and renders
--- the queue (pgrag.sync_now):
---   1. one exclusive lock per document type it queued, all first, in name order (shared by all
---      transactions): two committing transactions never wait for each other in a cycle, and
---      the keys step 3 finds later are covered by the locks already held;
---   2. the renders, parents before children, each from a fresh snapshot;
---   3. the key queries again, over the queued rows, on a fresh snapshot: a concurrent commit may
---      have moved rows into documents the statements did not know of. Repeat until none is new.
+-- A watched table's statement trigger records what its statement changed (pgrag._record): keys
+-- in the transaction's memory, rows and many keys in the unlogged pgrag.sync_queue, and the
+-- transaction's marker in pgrag.sync_pending, whose constraint trigger is DEFERRABLE INITIALLY
+-- DEFERRED: it fires once, at commit, and runs pgrag.sync_now:
+--   1. the key queries that read other tables run over the recorded rows (once);
+--   2. a transaction that truncated a watched table, or holds an ACCESS EXCLUSIVE lock on one
+--      (LOCK TABLE) renders nothing: a render by another transaction may be waiting for that
+--      lock while holding a document lock; its documents go to the render queue (the worker
+--      renders them once it has committed);
+--   3. the documents' locks, all at once, in the one global order (pgrag._lock_documents):
+--      renders of different documents never wait for each other;
+--   4. if a transaction committed between step 1 and now, the key queries of step 1 again: it
+--      may have moved a row to a document step 1 did not find (its render could not see this
+--      transaction's change). Locks of what they add are only tried (they are out of order);
+--      what is held elsewhere goes to the render queue. Repeated until nothing committed;
+--   5. the renders, parents before children; a document whose render fails is recorded in
+--      pgrag.render_errors and skipped, never failing the commit.
 -- At commit the transaction takes no new row lock on any source table, and chunk rows are only
--- written under their document's lock (the worker skips locked rows), so pgrag adds no
--- deadlock to a transaction of several statements, which rendering per statement did.
+-- written under their document's lock, so pgrag adds no deadlock to the application's.
 --
--- `set pgrag.sync = immediate` renders per statement instead (a session that reads its own
--- chunks before committing); `select pgrag.sync_now()` renders the queue mid-transaction, as
--- does `set constraints pgrag.pgrag_sync_at_commit immediate` (then after every statement).
+-- `set pgrag.sync = immediate` renders at the end of each statement instead (a session that
+-- reads its own chunks before committing); `select pgrag.sync_now()` renders what is recorded
+-- so far, as does `set constraints pgrag.pgrag_sync_at_commit immediate` (then after every
+-- statement).
 
 create or replace function pgrag.sync_now()
 returns bigint
@@ -472,111 +594,163 @@ language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $fn$
 #variable_conflict use_variable
--- Render every document this transaction queued so far (the commit-time trigger calls it; a
--- session may call it to read its own chunks before committing). Returns the number of
--- documents rendered (a TRUNCATE's full refresh counts one). A failed render raises PR004
--- naming the type and keys (see pgrag.run_sync); deadlocks and serialization failures keep
--- their SQLSTATE.
+-- Render every document this transaction recorded so far (the commit-time trigger calls it; a
+-- session may call it to read its own chunks before committing). Returns the number of chunks
+-- written or deleted.
 declare
     me xid8 := pg_current_xact_id_if_assigned();
+    pending text;
     queued pgrag.sync_queue[];
-    todo jsonb;           -- {doc_type: [keys] | null (all)}: still to render
-    done jsonb := '{}';   -- the same: rendered
-    t record;
-    item pgrag.sync_queue;
-    keys text[];
-    found_keys text[];
-    origin pgrag.sync_queue;
-    n bigint := 0;
+    todo jsonb;
+    found jsonb;
+    missed jsonb;
+    q pgrag.sync_queue;
+    before_keys pg_snapshot;
+    after_locks pg_snapshot;
 begin
     if me is null then
-        return 0;  -- this transaction wrote nothing, so it queued nothing
+        return 0;  -- this transaction wrote nothing, so it recorded nothing
     end if;
-    delete from pgrag.sync_pending p where p.xid = me;
-    with gone as (delete from pgrag.sync_queue s where s.xid = me returning s as gone_row)
-    select array_agg(g.gone_row order by (g.gone_row).seq) into queued from gone g;
-    if queued is null then
+    pending := nullif(current_setting('pgrag.pending', true), '');
+    if pending is not null then
+        perform set_config('pgrag.pending', '', true);
+    end if;
+    if current_setting('pgrag.marked', true) <> '' then
+        perform set_config('pgrag.marked', '', true);
+        delete from pgrag.sync_pending p where p.xid = me;
+    end if;
+    if exists (select from pgrag.sync_queue s where s.xid = me) then
+        with gone as (delete from pgrag.sync_queue s where s.xid = me returning s as r)
+        select array_agg(g.r order by (g.r).seq) into queued from gone g;
+    end if;
+    if pending is null and queued is null then
         return 0;
     end if;
 
-    -- what the statements found, per type still declared (NULL: all of it, after a TRUNCATE)
-    select coalesce(jsonb_object_agg(g.doc_type,
-                                     case when g.all_keys then 'null'::jsonb
-                                          else to_jsonb(g.keys) end), '{}')
+    -- what the statements found: their keys, and every document of a truncated type
+    todo := coalesce(pending::jsonb, '{}');
+    select pgrag._todo_merge(todo, coalesce(jsonb_object_agg(
+               x.doc_type, case when x.every then 'null'::jsonb else to_jsonb(x.keys) end), '{}'))
       into todo
-      from (select q.doc_type, bool_or(q.keys is null) as all_keys,
-                   array_agg(distinct k order by k) filter (where k is not null) as keys
-              from unnest(queued) q
-              left join lateral unnest(q.keys) as u(k) on true
-             where exists (select 1 from pgrag.doc_types d where d.name = q.doc_type)
-             group by q.doc_type) g;
+      from (select s.doc_type, bool_or(s.keys is null) as every,
+                   coalesce(array_agg(distinct k) filter (where k is not null), '{}') as keys
+              from unnest(queued) s left join lateral unnest(s.keys) u(k) on true
+             where s.changed is null
+             group by s.doc_type) x;
 
-    loop
-        -- 1. the key queries again over the queued rows, on a fresh snapshot: what they add
-        --    now is locked with the rest, in order; what they add after the renders below is
-        --    a concurrent commit's move that happened meanwhile
-        foreach item in array queued loop
-            continue when item.changed is null
-                       or jsonb_typeof(done -> item.doc_type) = 'null'
-                       or jsonb_typeof(todo -> item.doc_type) = 'null'
-                       or to_regprocedure(format('pgrag_docs.%I(text)', pgrag._generated(
-                              'keys', item.doc_type, item.source_table))) is null;
-            execute format('select pgrag_docs.%I($1::text)',
-                           pgrag._generated('keys', item.doc_type, item.source_table))
-               into found_keys using item.changed;
-            found_keys := array(select k from unnest(found_keys) as u(k)
-                                except select jsonb_array_elements_text(
-                                           coalesce(done -> item.doc_type, '[]'))
-                                except select jsonb_array_elements_text(
-                                           coalesce(todo -> item.doc_type, '[]')));
-            if cardinality(found_keys) > 0 then
-                todo := jsonb_set(todo, array[item.doc_type],
-                                  coalesce(todo -> item.doc_type, '[]') || to_jsonb(found_keys));
-            end if;
-        end loop;
-        exit when todo = '{}';
-
-        -- 2. all locks first, in the one global order: one exclusive lock per document type,
-        --    every type this transaction queued, by name. A type's lock covers all of its
-        --    documents, so the keys step 1 finds on a later round (a concurrent commit moved
-        --    rows meanwhile) need no new lock: no lock is ever taken out of order, and two
-        --    committing transactions cannot wait on each other. The price: commit-time renders
-        --    of one type run one at a time (docs/reliability.md). Re-taking a held lock is
-        --    free; store_<type> then takes its bucket locks under it.
-        for t in select distinct q.doc_type from unnest(queued) q order by q.doc_type loop
-            perform pg_advisory_xact_lock(hashtext('pgrag document ' || t.doc_type)::bigint);
-        end loop;
-
-        -- 3. render, parents before children (a child's parent_id resolves to its parent's
-        --    new chunk); the error names the first statement that queued the type
-        for t in with recursive chain(name, depth) as (
-                     select d.name, 0 from pgrag.doc_types d where d.parent_type is null
-                     union all
-                     select d.name, c.depth + 1
-                       from pgrag.doc_types d join chain c on d.parent_type = c.name
-                      where c.depth < 64)
-                 select e.key as doc_type, e.value,
-                        (select max(c.depth) from chain c where c.name = e.key) as depth
-                   from jsonb_each(todo) e
-                  order by 3 nulls last, 1 loop
-            keys := case when jsonb_typeof(t.value) = 'null' then null
-                         else array(select jsonb_array_elements_text(t.value)) end;
-            select * into origin from unnest(queued) u where u.doc_type = t.doc_type
-             order by u.seq limit 1;
-            perform pgrag._run_sync(t.doc_type, keys, origin.op, origin.source_table);
-            n := n + coalesce(cardinality(keys), 1);
-            done := jsonb_set(done, array[t.doc_type],
-                              case when keys is null or jsonb_typeof(done -> t.doc_type) = 'null'
-                                   then 'null'::jsonb
-                                   else coalesce(done -> t.doc_type, '[]') || t.value end);
-        end loop;
-        todo := '{}';
+    -- 1. the key queries over the recorded rows
+    before_keys := pg_current_snapshot();
+    found := '{}';
+    foreach q in array coalesce(queued, '{}') loop
+        continue when q.changed is null or jsonb_typeof(todo -> q.doc_type) = 'null';
+        found := pgrag._todo_merge(found, jsonb_build_object(q.doc_type, to_jsonb(
+                     pgrag._keys_of_rows(q.doc_type, q.source_table, q.changed))));
     end loop;
-    return n;
+    todo := pgrag._todo_merge(todo, found);
+
+    -- 2. holding an ACCESS EXCLUSIVE lock on a table renders read (a TRUNCATE, LOCK TABLE):
+    --    everything to the worker. (Not for a table this transaction created: no other
+    --    transaction can wait for it.)
+    if current_setting('pgrag.truncated', true) = 'on'
+       or exists (select from pg_locks l join pg_class c on c.oid = l.relation
+                   where l.pid = pg_backend_pid() and l.locktype = 'relation'
+                     and l.mode = 'AccessExclusiveLock' and l.granted
+                     and not pgrag._made_here(c.xmin)
+                     and (exists (select from pgrag.doc_watches w where w.source_table = c.oid)
+                          or exists (select from pgrag.doc_types d where d.source = c.oid)))
+    then
+        perform pgrag._defer(todo);
+        insert into pgrag.render_queue (doc_type, source_table, rows)  -- found again after commit
+        select s.doc_type, s.source_table, s.changed
+          from unnest(queued) s where s.changed is not null;
+        return 0;
+    end if;
+
+    -- 3. the locks, in order, waiting as needed
+    perform pgrag._lock_documents(todo, true);
+
+    -- 4. what committed meanwhile may have moved rows to other documents
+    after_locks := pg_current_snapshot();
+    while exists (select from unnest(coalesce(queued, '{}')) s where s.changed is not null)
+          and pgrag._committed_between(before_keys, after_locks) loop
+        found := '{}';
+        foreach q in array queued loop
+            continue when q.changed is null or jsonb_typeof(todo -> q.doc_type) = 'null';
+            found := pgrag._todo_merge(found, jsonb_build_object(q.doc_type, to_jsonb(
+                         pgrag._keys_of_rows(q.doc_type, q.source_table, q.changed))));
+        end loop;
+        found := pgrag._todo_minus(found, todo);
+        exit when found = '{}';
+        missed := pgrag._lock_documents(found, false);
+        perform pgrag._defer(missed);
+        todo := pgrag._todo_merge(todo, pgrag._todo_minus(found, missed));
+        before_keys := after_locks;
+        after_locks := pg_current_snapshot();
+    end loop;
+
+    -- 5. render
+    return pgrag._render_todo(todo);
 end
 $fn$;
 
 comment on function pgrag.sync_now() is
-    'Render the documents this transaction queued (done at commit anyway; call it to read '
+    'Render the documents this transaction changed (done at commit anyway; call it to read '
     'your own chunks before committing)';
+
+
+create or replace function pgrag.render_queued(max_entries integer default 100)
+returns table (entries integer, documents bigint, oldest interval)
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+#variable_conflict use_variable
+-- Render up to max_entries entries of pgrag.render_queue (the worker calls it; a cron job or a
+-- session may too): their keys, and the documents their rows belong to now (the watches' key
+-- queries, on this snapshot, which sees the transactions that recorded them committed), under
+-- the documents' locks, parents first. Several callers at once take different entries (SKIP
+-- LOCKED); an entry is deleted with the render, in one transaction. Records the lag (queued
+-- to rendered) in pgrag.render_lag. Returns the entries taken (0: the queue is empty), the
+-- chunks written or deleted, and the oldest entry's age.
+declare
+    claimed pgrag.render_queue[];
+    todo jsonb;
+    q pgrag.render_queue;
+    n bigint;
+begin
+    perform pgrag._check_range('max_entries', max_entries, 1, 100000);
+    with c as (select r.id from pgrag.render_queue r order by r.id limit max_entries
+                  for update skip locked),
+         d as (delete from pgrag.render_queue r using c where r.id = c.id returning r)
+    select array_agg(d.r order by (d.r).id) into claimed from d;
+    if claimed is null then
+        return query select 0, 0::bigint, null::interval;
+        return;
+    end if;
+    select coalesce(jsonb_object_agg(
+               x.doc_type, case when x.every then 'null'::jsonb else to_jsonb(x.keys) end), '{}')
+      into todo
+      from (select s.doc_type, bool_or(s.keys is null and s.rows is null) as every,
+                   coalesce(array_agg(distinct k) filter (where k is not null), '{}') as keys
+              from unnest(claimed) s left join lateral unnest(s.keys) u(k) on true
+             group by s.doc_type) x;
+    foreach q in array claimed loop
+        continue when q.rows is null or jsonb_typeof(todo -> q.doc_type) = 'null';
+        todo := pgrag._todo_merge(todo, jsonb_build_object(q.doc_type, to_jsonb(
+                    pgrag._keys_of_rows(q.doc_type, q.source_table, q.rows))));
+    end loop;
+    perform pgrag._lock_documents(todo, true);
+    n := pgrag._render_todo(todo);
+    insert into pgrag.render_lag (doc_type, documents, lags_ms)
+    select s.doc_type,
+           coalesce(jsonb_array_length(nullif(todo -> s.doc_type, 'null')), 0),
+           array_agg(extract(epoch from clock_timestamp() - s.queued_at)::real * 1000)
+      from unnest(claimed) s group by s.doc_type;
+    delete from pgrag.render_lag l where l.rendered_at < now() - interval '1 hour';
+    return query select cardinality(claimed), n,
+                        (select clock_timestamp() - min(s.queued_at) from unnest(claimed) s);
+end
+$fn$;
+
+comment on function pgrag.render_queued(integer) is
+    'Render documents waiting in pgrag.render_queue (the worker''s first job; any session may)';
 

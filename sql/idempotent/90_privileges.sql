@@ -84,7 +84,7 @@ declare
         'declare_document', 'drop_document', 'refresh', 'declare_stats', 'cache_stats',
         'claim_chunks', 'release_chunks', 'store_embeddings', 'record_embed_failures',
         'clear_embed_errors', 'begin_reembed', 'query_cache_put', 'prune_embedding_cache',
-        'sync_now', 'bind_tenant_role'];
+        'sync_now', 'render_queued', 'set_sync', 'bind_tenant_role'];
 begin
     select * into strict s from pgrag.settings;
 
@@ -151,9 +151,12 @@ begin
                    'pgrag.query_cache, pgrag.embed_errors to %I', s.writer_role);
     execute format('grant update (embedding_model) on pgrag.settings to %I', s.writer_role);
     execute format('grant select, insert on pgrag.eval_runs to %I', s.writer_role);
-    -- the commit-time render's queue: written by every writer's statement triggers
+    -- the commit-time render's queue: written by every writer's statement triggers; the render
+    -- queue, its errors and lag: written by them and the worker
     execute format('grant select, insert, delete on pgrag.sync_queue, pgrag.sync_pending to %I',
                    s.writer_role);
+    execute format('grant select, insert, update, delete on pgrag.render_queue, '
+                   'pgrag.render_errors, pgrag.render_lag to %I', s.writer_role);
     -- every tenant's cached statistics: the writer's (each role its own rows) and the owner's
     execute format('grant select, insert, update, delete on pgrag.stats_cache to %I',
                    s.writer_role);

@@ -82,3 +82,72 @@ alter table pgrag.settings
 
 comment on column pgrag.settings.query_cache_ttl is
     'How long a question''s cached vector is used and kept (pgrag.query_cache); set by the DBA';
+
+-- The write path (docs/documents.md, Sync): a type renders at its writers' commit (`commit`)
+-- or, recorded in the same transaction, by the worker (`queue`).
+alter table pgrag.doc_types
+    add column sync text not null default 'commit'
+        constraint doc_types_sync_check check (sync in ('commit', 'queue'));
+
+comment on column pgrag.doc_types.sync is
+    'commit: documents a transaction changed are rendered when it commits; queue: recorded with '
+    'it and rendered by the worker';
+
+-- The relations a watch's key query reads besides `changed`, from its plan at declaration.
+-- Keys that depend on `changed` alone are found once, by the statement; the others are found
+-- again if other transactions committed meanwhile (a row moved to another document). NULL: not
+-- known (declared before 0009; a migration plans no declared SQL): treated as reading others.
+alter table pgrag.doc_watches add column reads regclass[];
+
+comment on column pgrag.doc_watches.reads is
+    'Relations the key query reads besides changed (its plan at declaration); NULL: unknown';
+
+-- A document's text is cut to pgrag's limit (pgrag._limit('document_chars')) before it is
+-- stored and indexed; the chunk says so.
+alter table pgrag.chunks add column truncated_from integer;
+
+comment on column pgrag.chunks.truncated_from is
+    'The length of the rendered text when it was cut to pgrag''s limit; NULL: the whole text';
+
+-- Documents to render by the worker: a queue-mode type's changes, and what a committing
+-- transaction could not render itself. Committed with the source change: nothing is lost.
+create table pgrag.render_queue (
+    id bigint generated always as identity primary key,
+    doc_type text not null,
+    keys text[],              -- documents to render
+    source_table regclass,    -- with rows: the watched table they belong to
+    rows text,                -- changed rows (source_table's row type, as array text) whose
+                              -- documents the watch's key query finds when they are rendered
+    queued_at timestamptz not null default clock_timestamp()
+    -- keys and rows NULL: every document of the type (after a TRUNCATE)
+);
+
+comment on table pgrag.render_queue is
+    'Documents waiting to be rendered by the worker (queue-mode types; deferred renders)';
+
+-- Documents whose render failed: skipped (their chunk stays as it was) and shown by
+-- pgrag verify / status until a render succeeds.
+create table pgrag.render_errors (
+    doc_type text not null,
+    source_key text not null,
+    sqlstate text not null,
+    message text not null,
+    failed_at timestamptz not null default now(),
+    primary key (doc_type, source_key)
+);
+
+comment on table pgrag.render_errors is
+    'Documents whose last render failed (skipped; the chunk keeps its previous text)';
+
+-- The worker's render lag (queued to rendered), per batch, for pgrag status: an hour kept.
+create table pgrag.render_lag (
+    rendered_at timestamptz not null default clock_timestamp(),
+    doc_type text not null,
+    documents integer not null,
+    lags_ms real[] not null
+);
+
+create index render_lag_rendered_at on pgrag.render_lag (rendered_at);
+
+comment on table pgrag.render_lag is
+    'Queued-to-rendered lag of the worker''s render batches (the last hour)';

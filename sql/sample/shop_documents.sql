@@ -5,7 +5,13 @@
 --                   256-word-piece window reads), then the most recent orders, then "... and K
 --                   more orders" past the cap in shop.doc_settings.
 -- order_detail      one chunk per order, child of its customer's profile: the order, its items
---                   and return status, and the customer's context (tier, order n of m, spend).
+--                   and return status, and its customer (name, tier).
+--
+-- A document's text depends on its own rows and its parent's, never on its siblings': an
+-- order's text says nothing that changes when another order of the customer changes ("order n
+-- of m", a cumulative spend), so a change to one order renders that order and its customer,
+-- not the customer's other orders. Such facts live on the parent (the profile's order count
+-- and total spent) or come from the exact statistics at search time (docs/documents.md).
 
 create table if not exists shop.doc_settings (
     singleton boolean primary key default true check (singleton),
@@ -36,8 +42,8 @@ left join shop.order_items i on i.order_id = o.order_id
 left join shop.products p on p.product_id = i.product_id
 group by o.order_id, o.customer_id, o.order_date, o.status;
 
--- Just the numbers of each order (no text, no products): what "order n of m", cumulative
--- spend and a customer's totals need, several times cheaper than order_summary.
+-- Just the numbers of each order (no text, no products): what a customer's totals need,
+-- several times cheaper than order_summary.
 create or replace view shop.order_totals as
 select o.order_id,
        o.customer_id,
@@ -123,9 +129,7 @@ select o.order_id as source_key,
                   o.order_id, c.name, c.customer_id, c.segment, o.order_date, o.status,
                   to_char(o.total, 'FM999,999,990.00')),
            format('Items: %s.', o.items_text),
-           case when o.has_return then 'This order has returned items.' end,
-           format('This is order %s of %s for %s; cumulative spend $%s.',
-                  seq.n, seq.m, c.name, to_char(seq.cumulative, 'FM999,999,990.00'))
+           case when o.has_return then 'This order has returned items.' end
        ) as text,
        jsonb_build_object(
            'order_id', o.order_id,
@@ -139,15 +143,7 @@ select o.order_id as source_key,
            'has_return', o.has_return
        ) as metadata
 from shop.order_summary o
-join shop.customers c on c.customer_id = o.customer_id
-cross join lateral (
-    select count(*) filter (where (x.order_date, x.order_id) <= (o.order_date, o.order_id)) as n,
-           count(*) as m,
-           coalesce(sum(x.total) filter (where (x.order_date, x.order_id) <= (o.order_date, o.order_id)
-                                           and x.status <> 'cancelled'), 0) as cumulative
-    from shop.order_totals x
-    where x.customer_id = o.customer_id
-) seq;
+join shop.customers c on c.customer_id = o.customer_id;
 
 select pgrag.declare_document(
     'customer_profile',
@@ -170,23 +166,14 @@ select pgrag.declare_document(
       "last_order_date": "date"}'
 );
 
--- An order's text says "order n of m" and the cumulative spend, so a change to one order
--- touches its customer's other orders too: the key queries return the orders whose text can
--- change (all of the customer's when an order comes or goes; for a changed item, its order and
--- the customer's later orders, whose cumulative spend moves).
+-- An order's text depends on the order, its items, their products and its customer: a changed
+-- order or item renders that order only (its key comes from the changed row itself).
 select pgrag.declare_document(
     'order_detail',
     'shop.order_detail_doc',
     jsonb_build_object(
-        'shop.orders',
-            'select order_id from changed
-             union select o.order_id from shop.orders o
-                   where o.customer_id in (select customer_id from changed)',
-        'shop.order_items',
-            'select o2.order_id from changed c
-               join shop.orders o on o.order_id = c.order_id
-               join shop.orders o2 on o2.customer_id = o.customer_id
-                                  and (o2.order_date, o2.order_id) >= (o.order_date, o.order_id)',
+        'shop.orders', 'select order_id from changed',
+        'shop.order_items', 'select order_id from changed',
         'shop.customers',
             'select o.order_id from changed c join shop.orders o on o.customer_id = c.customer_id',
         'shop.products',

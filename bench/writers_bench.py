@@ -1,0 +1,193 @@
+"""Concurrent writers with pgrag's triggers: transactions per second and latency, by sync mode.
+
+    python bench/writers_bench.py [--customers 2000] [--seconds 15] [--rounds 3] [--clients 1 4]
+
+In a scratch database `pgrag_bench_writers` (created and dropped) on PGRAG_DATABASE_URL's
+server (default: the embedded one): the sample shop with its documents, then pgbench (shipped
+with the embedded server) runs single-row `update shop.order_items set quantity = ... where
+order_item_id = <random>` in autocommit, for each mode and client count, interleaved round by
+round, the same script and seconds:
+
+  off     pgrag.sync = off: the triggers record nothing (the application without pgrag's render)
+  commit  the default: the documents a transaction changed are rendered at its commit
+  queue   the triggers record the keys; a worker renders them meanwhile (its render lag, queued
+          to rendered, and the queue left at the end are reported)
+
+Prints markdown with the load average. Figures: docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from pgrag import documents, migrate
+from pgrag.db import resolve_url
+from pgrag.sample import load_sample
+from pgrag.sample_documents import declare_sample_documents
+from pgrag.server import bin_dir
+
+DB = "pgrag_bench_writers"
+SCRIPT = (
+    "\\set id random(1, :max_item)\n"
+    "update shop.order_items set quantity = quantity % 9 + 1 where order_item_id = :id;\n"
+)
+
+
+def pgbench(url: str, clients: int, seconds: float, mode: str, max_item: int) -> dict[str, float]:
+    """One pgbench run: tps and per-transaction latency percentiles (from its log)."""
+    info = psycopg.conninfo.conninfo_to_dict(url)
+    env = dict(os.environ)
+    env["PGOPTIONS"] = f"-c pgrag.sync={mode}" if mode != "commit" else ""
+    with tempfile.TemporaryDirectory() as tmp:
+        script = Path(tmp) / "update.sql"
+        script.write_text(SCRIPT)
+        argv = [
+            str(bin_dir() / "pgbench"), "-n", "-M", "prepared", "-c", str(clients),
+            "-j", str(clients), "-T", str(int(seconds)), "-f", str(script),
+            "-D", f"max_item={max_item}", "-l", "--log-prefix", str(Path(tmp) / "log"),
+            "-h", str(info.get("host", "")), "-p", str(info.get("port", 5432)),
+            "-U", str(info.get("user", "postgres")), str(info["dbname"]),
+        ]  # fmt: skip
+        out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
+        latencies = sorted(
+            int(line.split()[2]) / 1000.0
+            for log in Path(tmp).glob("log*")
+            for line in log.read_text().splitlines()
+        )
+    tps = next(float(line.split("=")[1].split()[0]) for line in out.splitlines()
+               if line.startswith("tps ="))  # fmt: skip
+    return {
+        "tps": tps,
+        "p50": latencies[len(latencies) // 2],
+        "p95": latencies[int(len(latencies) * 0.95)],
+        "n": len(latencies),
+    }
+
+
+class RenderWorker:
+    """A worker that only renders (pgrag.render_queued), as fast as the queue fills."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            while not self.stop.is_set():
+                row = conn.execute("select entries from pgrag.render_queued(500)").fetchone()
+                if not row or row[0] == 0:
+                    time.sleep(0.005)
+
+    def __enter__(self) -> RenderWorker:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(60)
+
+
+def queue_state(url: str, since: Any) -> dict[str, float]:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "select (select count(*) from pgrag.render_queue), "
+            "percentile_cont(0.5) within group (order by x), "
+            "percentile_cont(0.95) within group (order by x), max(x) "
+            "from pgrag.render_lag b, unnest(b.lags_ms) x where b.rendered_at >= %s",
+            (since,),
+        ).fetchone()
+    assert row is not None
+    return {"left": row[0], "lag_p50": row[1] or 0.0, "lag_p95": row[2] or 0.0,
+            "lag_max": row[3] or 0.0}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--customers", type=int, default=2000)
+    ap.add_argument("--seconds", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--modes", nargs="+", default=["off", "commit", "queue"])
+    args = ap.parse_args()
+
+    admin = resolve_url(None)
+    with psycopg.connect(admin, autocommit=True) as c:
+        c.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(DB)))
+        c.execute(sql.SQL("create database {}").format(sql.Identifier(DB)))
+    url = psycopg.conninfo.make_conninfo(admin, dbname=DB)
+    try:
+        migrate.upgrade(url)
+        stats = load_sample(url, customers=args.customers, progress=False)
+        with psycopg.connect(url, autocommit=True) as conn:
+            declare_sample_documents(conn)
+            documents.rebuild(conn)
+            conn.execute("vacuum analyze")
+            max_item = conn.execute("select max(order_item_id) from shop.order_items").fetchone()
+        assert max_item is not None
+        results: dict[tuple[str, int], list[dict[str, float]]] = {}
+        for r in range(args.rounds):
+            for clients in args.clients:
+                for mode in args.modes:
+                    with psycopg.connect(url) as conn:
+                        since = conn.execute("select clock_timestamp()").fetchone()
+                    if mode == "queue":
+                        with RenderWorker(url):
+                            out = pgbench(url, clients, args.seconds, mode, max_item[0])
+                            out |= queue_state(url, since[0] if since else None)
+                    else:
+                        out = pgbench(url, clients, args.seconds, mode, max_item[0])
+                    results.setdefault((mode, clients), []).append(out)
+                    print(f"round {r + 1} {mode} x{clients}: {out['tps']:.0f} tps", flush=True)
+        report(args, stats, results)
+    finally:
+        with psycopg.connect(admin, autocommit=True) as c:
+            c.execute(sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(DB)))
+
+
+def report(
+    args: argparse.Namespace, stats: Any, results: dict[Any, list[dict[str, float]]]
+) -> None:
+    load = os.getloadavg()
+    print(
+        f"\nsample: {stats.customers:,} customers, {stats.orders:,} orders, "
+        f"{stats.order_items:,} items; {args.rounds} rounds of {args.seconds:.0f} s, "
+        f"interleaved; load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
+    )
+    print("| mode | writers | tx/s (median of rounds) | p50 ms | p95 ms | vs off, same writers |"
+          " render lag p50 / p95 / max ms | queue left |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---|---:|")
+    for clients in args.clients:
+        base = statistics.median(r["tps"] for r in results.get(("off", clients), [{"tps": 0}]))
+        for mode in args.modes:
+            rows = results[(mode, clients)]
+            tps = statistics.median(r["tps"] for r in rows)
+            lag = (
+                f"{statistics.median(r['lag_p50'] for r in rows):.0f} / "
+                f"{statistics.median(r['lag_p95'] for r in rows):.0f} / "
+                f"{max(r['lag_max'] for r in rows):.0f}"
+                if mode == "queue"
+                else ""
+            )
+            left = str(int(max(r["left"] for r in rows))) if mode == "queue" else ""
+            print(
+                f"| {mode} | {clients} | {tps:,.0f} | "
+                f"{statistics.median(r['p50'] for r in rows):.2f} | "
+                f"{statistics.median(r['p95'] for r in rows):.2f} | "
+                f"{tps / base if base else 0:.2f} | {lag} | {left} |"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,282 @@
+"""The write path (issue 18, and issue 15 points 10 to 12): per-document locks, each key query
+once, renders that never fail the application's write, the queue mode, TRUNCATE without
+deadlocks, bulk statements of any size.
+
+The interleavings are forced with locks and observed in pg_stat_activity (a session waiting on
+a lock), never with sleeps; the waits have a bound only so that a broken build fails instead of
+hanging.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from pgrag import documents
+from pgrag.worker import Worker
+
+from .hostile import HashEmbedder
+from .shop_fixture import load_tiny_shop
+
+PATIENCE_S = 120  # a bound on waiting for a condition (a hang guard, not a speed target)
+
+
+@pytest.fixture
+def shop(db_url: str) -> str:
+    with psycopg.connect(db_url) as conn:
+        load_tiny_shop(conn)
+    return db_url
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + PATIENCE_S
+    while not condition():
+        assert time.monotonic() < deadline, f"never happened: {what}"
+        time.sleep(0.01)
+
+
+def waits_on_lock(url: str, pid: int) -> bool:
+    with psycopg.connect(url) as w:
+        row = w.execute(
+            "select wait_event_type = 'Lock' from pg_stat_activity where pid = %s", (pid,)
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def profile(url: str, key: str) -> str:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "select text from pgrag.chunks where doc_type = 'customer_profile' and source_key = %s",
+            (key,),
+        ).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+class Background:
+    """One statement (or a few) on its own connection in a thread: done, or failed."""
+
+    def __init__(self, url: str, *statements: str, autocommit: bool = True) -> None:
+        self.conn = psycopg.connect(url, autocommit=autocommit)
+        self.pid = self.conn.info.backend_pid
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(statements,), daemon=True)
+        self.thread.start()
+
+    def _run(self, statements: tuple[str, ...]) -> None:
+        try:
+            for s in statements:
+                self.conn.execute(s.encode())
+            if not self.conn.autocommit:
+                self.conn.commit()
+        except BaseException as exc:  # read by the test
+            self.error = exc
+        finally:
+            self.done.set()
+
+    def finish(self) -> None:
+        self.thread.join(PATIENCE_S)
+        assert not self.thread.is_alive()
+        self.conn.close()
+        if self.error is not None:
+            raise self.error
+
+
+@pytest.fixture
+def holder(shop: str) -> Iterator[psycopg.Connection[Any]]:
+    conn = psycopg.connect(shop)
+    yield conn
+    conn.close()
+
+
+def test_writers_of_different_documents_do_not_wait_for_each_other(
+    shop: str, holder: psycopg.Connection[Any]
+) -> None:
+    # A renders customer 1 and holds its document locks until it commits
+    holder.execute("update shop.customers set segment = 'Regular' where customer_id = 1")
+    holder.execute("select pgrag.sync_now()")
+    # B writes customer 2 (another document of the same types): it commits at once
+    other = Background(shop, "update shop.customers set segment = 'VIP' where customer_id = 2")
+    wait_for(lambda: other.done.is_set() or waits_on_lock(shop, other.pid), "B done or waiting")
+    assert other.done.is_set(), "B waited for A: renders of different documents serialized"
+    other.finish()
+    # C writes customer 1: it waits for A's commit, then renders on A's change
+    same = Background(shop, "update shop.customers set name = 'Jon Smith' where customer_id = 1")
+    wait_for(lambda: same.done.is_set() or waits_on_lock(shop, same.pid), "C done or waiting")
+    assert not same.done.is_set(), "C rendered customer 1 while A held it"
+    holder.commit()
+    same.finish()
+    text = profile(shop, "1")
+    assert "Jon Smith" in text and "a Regular customer" in text
+    with psycopg.connect(shop) as conn:
+        assert documents.verify(conn) == []
+
+
+def test_a_move_committed_while_waiting_is_found_again(
+    shop: str, holder: psycopg.Connection[Any]
+) -> None:
+    """A moves order 12 from customer 1 to customer 2 and renders both (holding their locks).
+    B changes order 12's item: at B's commit its key query still sees order 12 at customer 1
+    (A has not committed), B waits for customer 1's lock; A commits; B, seeing that a
+    transaction committed meanwhile, runs its key query again, finds customer 2 and renders it
+    with its change (A rendered customer 2 without it)."""
+    holder.execute("update shop.orders set customer_id = 2 where order_id = 12")
+    holder.execute("select pgrag.sync_now()")
+    item = Background(shop, "update shop.order_items set quantity = 5 where order_item_id = 103")
+    wait_for(lambda: waits_on_lock(shop, item.pid), "B waiting for customer 1's document lock")
+    holder.commit()
+    item.finish()
+    assert "Bluetooth Headphones x5" in profile(shop, "2")
+    with psycopg.connect(shop) as conn:
+        assert documents.verify(conn) == []
+
+
+@pytest.mark.parametrize("sync", ["commit", "queue"])
+def test_truncate_while_another_commits_does_not_deadlock(
+    shop: str, holder: psycopg.Connection[Any], sync: str
+) -> None:
+    """Issue 15, point 10: B truncates order_items and stays open; A updates an order and
+    commits: its render of the customer reads order_items and waits for B's lock. B commits.
+    Before: B's commit waited for A's document lock, 40P01 every time. Now B, which holds an
+    ACCESS EXCLUSIVE lock, renders nothing itself: its documents go to the worker."""
+    holder.execute("select set_config('pgrag.sync', %s, false)", (sync,))
+    holder.execute("set deadlock_timeout = '50ms'")
+    holder.execute("truncate shop.order_items")
+    a = Background(
+        shop,
+        f"set pgrag.sync = {sync}",
+        "set deadlock_timeout = '50ms'",
+        "update shop.orders set status = 'cancelled' where order_id = 10",
+    )
+    if sync == "commit":
+        wait_for(lambda: waits_on_lock(shop, a.pid), "A's render waiting for B's table lock")
+    holder.commit()
+    a.finish()  # no DeadlockDetected
+    with Worker(shop, HashEmbedder()) as w:
+        w.drain()
+    with psycopg.connect(shop) as conn:
+        assert documents.verify(conn) == []
+        order = conn.execute(
+            "select text from pgrag.chunks where doc_type = 'order_detail' and source_key = '10'"
+        ).fetchone()
+    assert order is not None and "status cancelled" in order[0] and "no items" in order[0]
+
+
+def test_each_key_query_runs_once_per_statement(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        load_tiny_shop(conn)
+        conn.execute("set track_functions = 'all'")
+        calls = (
+            "select coalesce(sum(calls), 0) from pg_stat_xact_user_functions "
+            "where schemaname = 'pgrag_docs' and funcname like %s"
+        )
+        with conn.transaction():
+            conn.execute("update shop.order_items set quantity = 4 where order_item_id = 103")
+            conn.execute("select pgrag.sync_now()")
+            # order_detail's key query reads `changed` alone: it ran inside the trigger, once;
+            # customer_profile's reads shop.orders: it ran once, over the recorded rows
+            keys = conn.execute(calls, ("keys_customer_profile_%",)).fetchone()
+            syncs = conn.execute(calls, ("sync_%",)).fetchone()
+            stores = conn.execute(calls, ("store_%",)).fetchone()
+        assert keys == (1,) and syncs == (2,) and stores == (2,)
+        reads = dict(
+            conn.execute(
+                "select doc_type || ' ' || source_table::text, coalesce(reads::text, 'null') "
+                "from pgrag.doc_watches where source_table = 'shop.order_items'::regclass"
+            ).fetchall()
+        )
+    assert reads == {
+        "customer_profile shop.order_items": "{shop.orders}",
+        "order_detail shop.order_items": "{}",
+    }
+
+
+def test_queue_mode_renders_in_the_worker(shop: str) -> None:
+    with psycopg.connect(shop, autocommit=True) as conn:
+        documents.set_sync(conn, "customer_profile", "queue")
+        before = profile(shop, "1")
+        conn.execute("update shop.customers set name = 'Johnny Smith' where customer_id = 1")
+        assert profile(shop, "1") == before  # committed; the document waits for the worker
+        queued = conn.execute("select doc_type, keys from pgrag.render_queue").fetchall()
+        assert queued == [("customer_profile", ["1"])]
+        # order_detail is still rendered at commit
+        row = conn.execute(
+            "select text from pgrag.chunks where doc_type = 'order_detail' and source_key = '10'"
+        ).fetchone()
+        assert row is not None and "Johnny Smith" in row[0]
+        with Worker(shop, HashEmbedder()) as w:
+            r = w.drain()
+        assert r.rendered_entries == 1 and "Johnny Smith" in profile(shop, "1")
+        st = conn.execute("select render_queued, render_lag, render_errors from pgrag.status()")
+        row = st.fetchone()
+        assert row is not None and row[0] == 0 and row[2] == 0
+        assert row[1]["documents"] == 1 and row[1]["p50_ms"] >= 0
+        assert documents.verify(conn) == []
+        # a session may force either mode
+        conn.execute("set pgrag.sync = commit")
+        conn.execute("update shop.customers set name = 'John Smith' where customer_id = 1")
+        assert "John Smith" in profile(shop, "1")
+
+
+def test_a_bulk_statement_records_its_rows_in_batches(shop: str) -> None:
+    """Issue 15, point 11: the rows of a statement were one array (`array_agg(r)::text`),
+    past PostgreSQL's 1 GB for a 300,000-row update of 2 KB rows. They go in entries of 1,000
+    rows (bench/sync_bench.py runs the million-row update)."""
+    with psycopg.connect(shop) as conn:
+        conn.execute(
+            "insert into shop.order_items select 1000 + g, 10 + g % 3, 1, 1, 1.00, 'none' "
+            "from generate_series(1, 4500) g"
+        )
+        entries = conn.execute(
+            "select count(*), max(length(changed)) from pgrag.sync_queue "
+            "where doc_type = 'customer_profile'"
+        ).fetchone()
+        assert entries is not None and entries[0] == 5  # 4,500 rows: 5 entries
+        conn.commit()
+        assert documents.verify(conn) == []
+
+
+def test_an_oversized_document_is_cut_and_says_so(shop: str) -> None:
+    """Issue 15, point 12: a 1.8 MB text failed the application's INSERT ("string is too long
+    for tsvector"). It is stored cut to pgrag's limit, and the chunk says how long it was."""
+    with psycopg.connect(shop, autocommit=True) as conn:
+        conn.execute(
+            "create table shop.notes (id integer primary key, body text not null); "
+            "select pgrag.declare_document('note', 'select id as source_key, body as text "
+            'from shop.notes\', \'{"shop.notes": "select id from changed"}\')'
+        )
+        words = " ".join(f"w{i:07d}" for i in range(200_000))  # 1.8 MB of distinct words
+        conn.execute("insert into shop.notes values (1, %s), (2, 'short')", (words,))
+        rows = conn.execute(
+            "select source_key, length(text), truncated_from, tsv is not null "
+            "from pgrag.chunks where doc_type = 'note' order by 1"
+        ).fetchall()
+        limit = conn.execute("select pgrag._limit('document_chars')").fetchone()
+        assert limit is not None
+        assert rows == [("1", limit[0], len(words), True), ("2", 5, None, True)]
+        assert documents.verify(conn) == []
+
+
+def test_a_failing_document_does_not_stop_a_rebuild(shop: str) -> None:
+    """Issue 15, point 12: `pgrag rebuild` stopped at a document it could not render, without
+    naming it, and left the rest of its batch stale."""
+    with psycopg.connect(shop, autocommit=True) as conn:
+        conn.execute(
+            "select pgrag.declare_document('fragile', 'select customer_id as source_key, "
+            "(100 / (customer_id <> 2)::int)::text as text from shop.customers', "
+            '\'{"shop.customers": "select customer_id from changed"}\')'
+        )
+        (stats,) = documents.rebuild(conn, "fragile")
+        assert stats.errors == 1 and stats.documents >= 3
+        stored = conn.execute(
+            "select count(*) from pgrag.chunks where doc_type = 'fragile'"
+        ).fetchone()
+        assert stored == (stats.documents - 1,)
+        problems = [(m.source_key, m.problem) for m in documents.verify(conn, "fragile")]
+        assert problems == [("2", "render failed (22012): division by zero")]
