@@ -12,7 +12,8 @@ docs/reliability.md.
   searched and asked, declarations, CLI invocations), with the canary and DDL guards checked.
 - soak: ``--writers`` writer threads on shop.customers/orders/order_items and ``--workers``
   worker threads for ``--seconds``, once with one statement per transaction and once with up
-  to three; then verify and a vector check of every chunk. ``--sync immediate`` (repeatable
+  to three; then verify and a vector check of every chunk. ``--sync queue`` has the workers
+  render what the writers record; ``--sync immediate`` (repeatable
   with ``--sync commit``) runs the writers with ``set pgrag.sync = immediate``, per-statement
   rendering as before revision 0007, for the before/after deadlock figures.
 - kills: ``--rounds`` rounds, each SIGKILLing a random one of worker, client, server.
@@ -206,7 +207,7 @@ def main() -> None:
     ap.add_argument(
         "--sync",
         action="append",
-        choices=["commit", "immediate"],
+        choices=["commit", "queue", "immediate"],
         help="pgrag.sync of the soak's writers (repeatable; default commit)",
     )
     args = ap.parse_args()

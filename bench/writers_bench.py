@@ -36,6 +36,7 @@ from pgrag.db import resolve_url
 from pgrag.sample import load_sample
 from pgrag.sample_documents import declare_sample_documents
 from pgrag.server import bin_dir
+from pgrag.worker import BUSY_POLL_S, Worker
 
 DB = "pgrag_bench_writers"
 SCRIPT = (
@@ -75,8 +76,19 @@ def pgbench(url: str, clients: int, seconds: float, mode: str, max_item: int) ->
     }
 
 
+class _NoModel:
+    """The render benchmark embeds nothing: a worker needs an embedder to exist."""
+
+    name = "bench:none"
+    dimension = 384
+
+    def embed(self, texts: Any) -> Any:  # noqa: ARG002
+        raise RuntimeError("the writers benchmark does not embed")
+
+
 class RenderWorker:
-    """A worker that only renders (pgrag.render_queued), as fast as the queue fills."""
+    """pgrag's worker rendering only (Worker.render_batch: adaptive batches), as fast as the
+    queue fills, looking again every 50 ms when it is empty (as the worker does after work)."""
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -84,11 +96,10 @@ class RenderWorker:
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def run(self) -> None:
-        with psycopg.connect(self.url, autocommit=True) as conn:
+        with Worker(self.url, _NoModel()) as w:
             while not self.stop.is_set():
-                row = conn.execute("select entries from pgrag.render_queued(500)").fetchone()
-                if not row or row[0] == 0:
-                    time.sleep(0.005)
+                if w.render_batch() is None:
+                    time.sleep(BUSY_POLL_S)
 
     def __enter__(self) -> RenderWorker:
         self.thread.start()

@@ -53,6 +53,8 @@ NOTIFY_CHANNEL = "pgrag_chunks"  # chunks waiting for a vector
 RENDER_CHANNEL = "pgrag_render"  # documents waiting in the render queue
 DEFAULT_BATCH_SIZE = 64
 DEFAULT_RENDER_ENTRIES = 500
+MAX_RENDER_ENTRIES = 50_000
+RENDER_BATCH_S = 0.5  # the render batch's target duration
 # Seconds between looks at the queues when no NOTIFY arrives: idle, and right after a batch
 # (a burst of writers notifies once: pgrag._notify).
 DEFAULT_POLL_S = 2.0
@@ -192,6 +194,7 @@ class Worker:
         self.embedder = embedder
         self.batch_size = batch_size
         self.render_entries = render_entries
+        self._render_take = render_entries  # adapts to the backlog (render_batch)
         self.retry = retry
         self.max_attempts = max_attempts
         self.failure_retry = timedelta(seconds=failure_retry_s)
@@ -284,16 +287,25 @@ class Worker:
     # ---- one batch ----
 
     def render_batch(self) -> RenderResult | None:
-        """Render up to ``render_entries`` entries of the render queue; None when it is empty."""
+        """Render entries of the render queue; None when it is empty.
+
+        The number taken adapts: a backlog is taken in larger batches (a document changed by
+        many entries renders once per batch), up to a batch of about half a second.
+        """
         started = time.perf_counter()
         row = self._execute(
             "select entries, documents, extract(epoch from oldest)::float8 "
             "from pgrag.render_queued(%s)",
-            (self.render_entries,),
+            (self._render_take,),
         ).fetchone()
         if row is None or row[0] == 0:
             return None
-        return RenderResult(int(row[0]), int(row[1]), float(row[2] or 0.0), _since(started))
+        seconds = _since(started)
+        if row[0] >= self._render_take and seconds < RENDER_BATCH_S / 2:
+            self._render_take = min(self._render_take * 2, MAX_RENDER_ENTRIES)
+        elif seconds > RENDER_BATCH_S * 2:
+            self._render_take = max(self._render_take // 2, self.render_entries // 10 or 1)
+        return RenderResult(int(row[0]), int(row[1]), float(row[2] or 0.0), seconds)
 
     def run_batch(self) -> BatchResult | None:
         """Claim, embed and store one batch; None when nothing is waiting."""

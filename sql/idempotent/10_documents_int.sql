@@ -229,13 +229,25 @@ set search_path = pg_catalog, pg_temp
 as $fn$
 -- Create a generated function of a declared type (ddl: its CREATE OR REPLACE, a security
 -- definer) as the current user, who declared the type; executable by the writer role (and the
--- reader role: readers), never by PUBLIC. A function of the same name but another result is
--- dropped first (CREATE OR REPLACE cannot change it).
+-- reader role: readers), never by PUBLIC. A function of the same name with other arguments
+-- (a release that changed them) is dropped first; one of another result is dropped by the
+-- generating function (CREATE OR REPLACE cannot change it).
 declare
     s pgrag.settings;
     fn regprocedure;
+    old regprocedure;
 begin
     perform pgrag._claim_generated(name);
+    for old in select p.oid::regprocedure from pg_proc p
+                where p.pronamespace = 'pgrag_docs'::regnamespace and p.proname = name
+                  and p.oid::regprocedure::text
+                      <> format('pgrag_docs.%I(%s)', name,
+                                (select coalesce(string_agg(format_type(t::regtype, null),
+                                                            ',' order by i), '')
+                                   from unnest(string_to_array(nullif(args, ''), ', '))
+                                        with ordinality u(t, i))) loop
+        execute format('drop function %s', old);
+    end loop;
     execute pgrag._pin_output_settings(ddl);
     fn := format('pgrag_docs.%I(%s)', name, args)::regprocedure;
     select * into strict s from pgrag.settings;
@@ -778,27 +790,37 @@ end
 $fn$;
 
 
-create or replace function pgrag._keys_of_rows(doc_type text, source_table regclass, changed_rows text)
-returns text[]
+create or replace function pgrag._keys_of_rows(doc_types text[], tables regclass[],
+                                               rows text[])
+returns jsonb
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $fn$
--- A watch's key query over queued rows of its table (pgrag_docs.keys_<type>_<hash>, run as
--- the type's declarer); none if the type or the watch is gone.
+-- The watches' key queries over recorded rows: entry i is rows[i] (an array of tables[i]'s
+-- rows, as text) recorded for doc_types[i]. Returns {type: [keys]}. One call of each watch's
+-- pgrag_docs.keys_<type>_<hash> (run as the type's declarer) over all of its entries; a type
+-- or watch that is gone yields nothing.
 declare
+    g record;
     fn text;
     keys text[];
+    found jsonb := '{}';
 begin
-    -- (pgrag._generated's name, inline: this runs at every commit)
-    select format('keys_%s_%s', doc_type, left(md5(n.nspname || '.' || c.relname), 10))
-      into fn
-      from pg_class c join pg_namespace n on n.oid = c.relnamespace
-     where c.oid = source_table;
-    if fn is null or to_regprocedure(format('pgrag_docs.%I(text)', fn)) is null then
-        return '{}';
-    end if;
-    execute format('select pgrag_docs.%I($1::text)', fn) into keys using changed_rows;
-    return coalesce(keys, '{}');
+    for g in select u.doc_type, u.source_table, array_agg(u.r) as entries
+               from unnest(doc_types, tables, rows) u(doc_type, source_table, r)
+              where u.r is not null
+              group by 1, 2 loop
+        -- (pgrag._generated's name, inline: this runs at every commit that recorded rows)
+        select format('keys_%s_%s', g.doc_type, left(md5(n.nspname || '.' || c.relname), 10))
+          into fn
+          from pg_class c join pg_namespace n on n.oid = c.relnamespace
+         where c.oid = g.source_table;
+        continue when fn is null or to_regprocedure(format('pgrag_docs.%I(text[])', fn)) is null;
+        execute format('select pgrag_docs.%I($1)', fn) into keys using g.entries;
+        found := pgrag._todo_merge(found, jsonb_build_object(g.doc_type,
+                                                             coalesce(to_jsonb(keys), '[]')));
+    end loop;
+    return found;
 end
 $fn$;
 
@@ -963,9 +985,9 @@ begin
     end if;
     -- Bodies go in as quoted literals (%L), never between dollar quotes: a key query that
     -- contains `$body$` cannot end the body early and add code of its own.
-    perform pgrag._create_generated(pgrag._generated('keys', doc_type, source_table), 'text',
+    perform pgrag._create_generated(pgrag._generated('keys', doc_type, source_table), 'text[]',
         format($f$
-            create or replace function pgrag_docs.%1$I(changed_rows text)
+            create or replace function pgrag_docs.%1$I(changed_rows text[])
             returns text[]
             language plpgsql volatile security definer
             set search_path = pg_catalog, pg_temp
@@ -975,11 +997,12 @@ begin
             pgrag._generated('keys', doc_type, source_table),
             format($body$
             -- security definer, owned by the role that declared the type: its key query over
-            -- recorded rows (of this table's row type), as that role.
+            -- recorded rows (entries, each an array of this table's rows as text), as that role.
             declare
                 keys text[];
             begin
-                with changed as (select * from unnest(changed_rows::%1$s[])) %2$s;
+                with changed as (select r.* from unnest(changed_rows) e(x),
+                                                 unnest(e.x::%1$s[]) r) %2$s;
                 return keys;
             end
             $body$, source_table, format(keys_sql, kq))));

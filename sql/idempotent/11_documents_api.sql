@@ -604,7 +604,9 @@ declare
     todo jsonb;
     found jsonb;
     missed jsonb;
-    q pgrag.sync_queue;
+    rows_types text[];
+    rows_tables regclass[];
+    rows_entries text[];
     before_keys pg_snapshot;
     after_locks pg_snapshot;
 begin
@@ -638,15 +640,16 @@ begin
              where s.changed is null
              group by s.doc_type) x;
 
-    -- 1. the key queries over the recorded rows
+    -- 1. the key queries over the recorded rows (of types not rendered whole)
+    select array_agg(s.doc_type), array_agg(s.source_table), array_agg(s.changed)
+      into rows_types, rows_tables, rows_entries
+      from unnest(queued) s
+     where s.changed is not null and jsonb_typeof(todo -> s.doc_type) is distinct from 'null';
     before_keys := pg_current_snapshot();
-    found := '{}';
-    foreach q in array coalesce(queued, '{}') loop
-        continue when q.changed is null or jsonb_typeof(todo -> q.doc_type) = 'null';
-        found := pgrag._todo_merge(found, jsonb_build_object(q.doc_type, to_jsonb(
-                     pgrag._keys_of_rows(q.doc_type, q.source_table, q.changed))));
-    end loop;
-    todo := pgrag._todo_merge(todo, found);
+    if rows_types is not null then
+        todo := pgrag._todo_merge(todo, pgrag._keys_of_rows(rows_types, rows_tables,
+                                                            rows_entries));
+    end if;
 
     -- 2. holding an ACCESS EXCLUSIVE lock on a table renders read (a TRUNCATE, LOCK TABLE):
     --    everything to the worker. (Not for a table this transaction created: no other
@@ -671,15 +674,9 @@ begin
 
     -- 4. what committed meanwhile may have moved rows to other documents
     after_locks := pg_current_snapshot();
-    while exists (select from unnest(coalesce(queued, '{}')) s where s.changed is not null)
-          and pgrag._committed_between(before_keys, after_locks) loop
-        found := '{}';
-        foreach q in array queued loop
-            continue when q.changed is null or jsonb_typeof(todo -> q.doc_type) = 'null';
-            found := pgrag._todo_merge(found, jsonb_build_object(q.doc_type, to_jsonb(
-                         pgrag._keys_of_rows(q.doc_type, q.source_table, q.changed))));
-        end loop;
-        found := pgrag._todo_minus(found, todo);
+    while rows_types is not null and pgrag._committed_between(before_keys, after_locks) loop
+        found := pgrag._todo_minus(pgrag._keys_of_rows(rows_types, rows_tables, rows_entries),
+                                   todo);
         exit when found = '{}';
         missed := pgrag._lock_documents(found, false);
         perform pgrag._defer(missed);
@@ -714,7 +711,6 @@ as $fn$
 declare
     claimed pgrag.render_queue[];
     todo jsonb;
-    q pgrag.render_queue;
     n bigint;
 begin
     perform pgrag._check_range('max_entries', max_entries, 1, 100000);
@@ -733,11 +729,11 @@ begin
                    coalesce(array_agg(distinct k) filter (where k is not null), '{}') as keys
               from unnest(claimed) s left join lateral unnest(s.keys) u(k) on true
              group by s.doc_type) x;
-    foreach q in array claimed loop
-        continue when q.rows is null or jsonb_typeof(todo -> q.doc_type) = 'null';
-        todo := pgrag._todo_merge(todo, jsonb_build_object(q.doc_type, to_jsonb(
-                    pgrag._keys_of_rows(q.doc_type, q.source_table, q.rows))));
-    end loop;
+    todo := pgrag._todo_merge(todo, (
+        select pgrag._keys_of_rows(array_agg(s.doc_type), array_agg(s.source_table),
+                                   array_agg(s.rows))
+          from unnest(claimed) s
+         where s.rows is not null and jsonb_typeof(todo -> s.doc_type) is distinct from 'null'));
     perform pgrag._lock_documents(todo, true);
     n := pgrag._render_todo(todo);
     insert into pgrag.render_lag (doc_type, documents, lags_ms)
