@@ -208,18 +208,24 @@ end
 $$;
 
 
-create or replace function pgrag._drop_if_changed(fn regprocedure, result text)
+drop function if exists pgrag._drop_if_changed(regprocedure, text);  -- before it took args
+
+create or replace function pgrag._drop_if_changed(fn regprocedure, result text,
+                                                  args text default null)
 returns void
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $$
 -- CREATE OR REPLACE cannot change a function's result type or its parameters' names and
 -- defaults: an idempotent file calls this just before it defines a function whose shape
--- changed, with the new result, and the old definition is dropped (nothing depends on it, or the
--- migration stops naming what does; nothing is dropped with CASCADE). fn: to_regprocedure(...)
--- in the file's own statement, where the migration's search path resolves pgvector's types.
+-- changed, with the new result (and arguments, as pg_get_function_arguments prints them), and
+-- the old definition is dropped (nothing depends on it, or the migration stops naming what
+-- does; nothing is dropped with CASCADE). fn: to_regprocedure(...) in the file's own
+-- statement, where the migration's search path resolves pgvector's types.
 begin
-    if fn is not null and pg_get_function_result(fn) is distinct from result then
+    if fn is not null and (pg_get_function_result(fn) is distinct from result
+                           or (args is not null
+                               and pg_get_function_arguments(fn) is distinct from args)) then
         execute format('drop function %s', fn);
     end if;
 end

@@ -790,39 +790,68 @@ end
 $fn$;
 
 
-create or replace function pgrag._keys_of_rows(doc_types text[], tables regclass[],
-                                               rows text[])
+create or replace function pgrag._keys_of_rows(entries refcursor, skip jsonb default '{}')
 returns jsonb
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $fn$
--- The watches' key queries over recorded rows: entry i is rows[i] (an array of tables[i]'s
--- rows, as text) recorded for doc_types[i]. Returns {type: [keys]}. One call of each watch's
--- pgrag_docs.keys_<type>_<hash> (run as the type's declarer) over all of its entries; a type
--- or watch that is gone yields nothing.
+-- The watches' key queries over recorded rows. entries: an open cursor over (doc_type,
+-- source_table, rows), ordered by doc_type and source_table; rows is an entry, an array of the
+-- table's rows as text (up to 1,000 rows). Returns {type: [keys]}; types whose value in skip
+-- is null (rendered whole) are passed over. Entries are read one at a time and handed to
+-- pgrag_docs.keys_<type>_<hash> (run as the type's declarer) in batches of at most 16 MB of
+-- text: one call for many small entries, bounded memory for many large ones (a statement of
+-- a million wide rows records gigabytes).
 declare
-    g record;
+    r record;
     fn text;
     keys text[];
-    found jsonb := '{}';
+    batch text[] := '{}';
+    batch_chars bigint := 0;
+    cur_type text;
+    cur_table regclass;
+    result jsonb := '{}';
+    got boolean;
+    flush boolean;
 begin
-    for g in select u.doc_type, u.source_table, array_agg(u.r) as entries
-               from unnest(doc_types, tables, rows) u(doc_type, source_table, r)
-              where u.r is not null
-              group by 1, 2 loop
-        -- (pgrag._generated's name, inline: this runs at every commit that recorded rows)
-        select format('keys_%s_%s', g.doc_type, left(md5(n.nspname || '.' || c.relname), 10))
-          into fn
-          from pg_class c join pg_namespace n on n.oid = c.relnamespace
-         where c.oid = g.source_table;
-        continue when fn is null or to_regprocedure(format('pgrag_docs.%I(text[])', fn)) is null;
-        execute format('select pgrag_docs.%I($1)', fn) into keys using g.entries;
-        found := pgrag._todo_merge(found, jsonb_build_object(g.doc_type,
-                                                             coalesce(to_jsonb(keys), '[]')));
+    loop
+        fetch entries into r;
+        got := found;
+        flush := cardinality(batch) > 0 and not got;
+        if got and cardinality(batch) > 0 then
+            flush := r.doc_type is distinct from cur_type
+                     or r.source_table is distinct from cur_table
+                     or batch_chars + coalesce(length(r.rows), 0) > 16000000;
+        end if;
+        if flush then
+            -- (pgrag._generated's name, inline: this runs at every commit that recorded rows)
+            select format('keys_%s_%s', cur_type, left(md5(n.nspname || '.' || c.relname), 10))
+              into fn
+              from pg_class c join pg_namespace n on n.oid = c.relnamespace
+             where c.oid = cur_table;
+            if fn is not null
+               and to_regprocedure(format('pgrag_docs.%I(text[])', fn)) is not null then
+                execute format('select pgrag_docs.%I($1)', fn) into keys using batch;
+                result := pgrag._todo_merge(result, jsonb_build_object(
+                             cur_type, coalesce(to_jsonb(keys), '[]')));
+            end if;
+            batch := '{}';
+            batch_chars := 0;
+        end if;
+        exit when not got;
+        continue when r.rows is null or jsonb_typeof(skip -> r.doc_type) = 'null';
+        cur_type := r.doc_type;
+        cur_table := r.source_table;
+        batch := batch || r.rows;
+        batch_chars := batch_chars + length(r.rows);
     end loop;
-    return found;
+    close entries;
+    return result;
 end
 $fn$;
+
+comment on function pgrag._keys_of_rows(refcursor, jsonb) is
+    'The watches'' key queries over recorded rows, read from a cursor in bounded batches';
 
 
 create or replace function pgrag._render_todo(todo jsonb)

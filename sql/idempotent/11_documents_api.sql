@@ -596,19 +596,18 @@ as $fn$
 #variable_conflict use_variable
 -- Render every document this transaction recorded so far (the commit-time trigger calls it; a
 -- session may call it to read its own chunks before committing). Returns the number of chunks
--- written or deleted.
+-- written or deleted. The recorded rows are read in bounded batches, never all at once.
 declare
     me xid8 := pg_current_xact_id_if_assigned();
     pending text;
-    queued pgrag.sync_queue[];
     todo jsonb;
-    found jsonb;
+    found_keys jsonb;
     missed jsonb;
-    rows_types text[];
-    rows_tables regclass[];
-    rows_entries text[];
+    has_rows boolean;
+    entries refcursor;
     before_keys pg_snapshot;
     after_locks pg_snapshot;
+    n bigint;
 begin
     if me is null then
         return 0;  -- this transaction wrote nothing, so it recorded nothing
@@ -621,11 +620,7 @@ begin
         perform set_config('pgrag.marked', '', true);
         delete from pgrag.sync_pending p where p.xid = me;
     end if;
-    if exists (select from pgrag.sync_queue s where s.xid = me) then
-        with gone as (delete from pgrag.sync_queue s where s.xid = me returning s as r)
-        select array_agg(g.r order by (g.r).seq) into queued from gone g;
-    end if;
-    if pending is null and queued is null then
+    if pending is null and not exists (select from pgrag.sync_queue s where s.xid = me) then
         return 0;
     end if;
 
@@ -636,19 +631,19 @@ begin
       into todo
       from (select s.doc_type, bool_or(s.keys is null) as every,
                    coalesce(array_agg(distinct k) filter (where k is not null), '{}') as keys
-              from unnest(queued) s left join lateral unnest(s.keys) u(k) on true
-             where s.changed is null
+              from pgrag.sync_queue s left join lateral unnest(s.keys) u(k) on true
+             where s.xid = me and s.changed is null
              group by s.doc_type) x;
 
     -- 1. the key queries over the recorded rows (of types not rendered whole)
-    select array_agg(s.doc_type), array_agg(s.source_table), array_agg(s.changed)
-      into rows_types, rows_tables, rows_entries
-      from unnest(queued) s
-     where s.changed is not null and jsonb_typeof(todo -> s.doc_type) is distinct from 'null';
+    has_rows := exists (select from pgrag.sync_queue s where s.xid = me and s.changed is not null);
     before_keys := pg_current_snapshot();
-    if rows_types is not null then
-        todo := pgrag._todo_merge(todo, pgrag._keys_of_rows(rows_types, rows_tables,
-                                                            rows_entries));
+    if has_rows then
+        open entries for select s.doc_type, s.source_table, s.changed as rows
+                           from pgrag.sync_queue s
+                          where s.xid = me and s.changed is not null
+                          order by s.doc_type, s.source_table, s.seq;
+        todo := pgrag._todo_merge(todo, pgrag._keys_of_rows(entries, todo));
     end if;
 
     -- 2. holding an ACCESS EXCLUSIVE lock on a table renders read (a TRUNCATE, LOCK TABLE):
@@ -665,7 +660,8 @@ begin
         perform pgrag._defer(todo);
         insert into pgrag.render_queue (doc_type, source_table, rows)  -- found again after commit
         select s.doc_type, s.source_table, s.changed
-          from unnest(queued) s where s.changed is not null;
+          from pgrag.sync_queue s where s.xid = me and s.changed is not null;
+        delete from pgrag.sync_queue s where s.xid = me;
         return 0;
     end if;
 
@@ -674,19 +670,24 @@ begin
 
     -- 4. what committed meanwhile may have moved rows to other documents
     after_locks := pg_current_snapshot();
-    while rows_types is not null and pgrag._committed_between(before_keys, after_locks) loop
-        found := pgrag._todo_minus(pgrag._keys_of_rows(rows_types, rows_tables, rows_entries),
-                                   todo);
-        exit when found = '{}';
-        missed := pgrag._lock_documents(found, false);
+    while has_rows and pgrag._committed_between(before_keys, after_locks) loop
+        open entries for select s.doc_type, s.source_table, s.changed as rows
+                           from pgrag.sync_queue s
+                          where s.xid = me and s.changed is not null
+                          order by s.doc_type, s.source_table, s.seq;
+        found_keys := pgrag._todo_minus(pgrag._keys_of_rows(entries, todo), todo);
+        exit when found_keys = '{}';
+        missed := pgrag._lock_documents(found_keys, false);
         perform pgrag._defer(missed);
-        todo := pgrag._todo_merge(todo, pgrag._todo_minus(found, missed));
+        todo := pgrag._todo_merge(todo, pgrag._todo_minus(found_keys, missed));
         before_keys := after_locks;
         after_locks := pg_current_snapshot();
     end loop;
+    delete from pgrag.sync_queue s where s.xid = me;
 
     -- 5. render
-    return pgrag._render_todo(todo);
+    n := pgrag._render_todo(todo);
+    return n;
 end
 $fn$;
 
@@ -707,18 +708,18 @@ as $fn$
 -- the documents' locks, parents first. Several callers at once take different entries (SKIP
 -- LOCKED); an entry is deleted with the render, in one transaction. Records the lag (queued
 -- to rendered) in pgrag.render_lag. Returns the entries taken (0: the queue is empty), the
--- chunks written or deleted, and the oldest entry's age.
+-- chunks written or deleted, and the oldest entry's age. Rows are read in bounded batches.
 declare
-    claimed pgrag.render_queue[];
+    ids bigint[];
     todo jsonb;
+    rows_cur refcursor;
     n bigint;
 begin
     perform pgrag._check_range('max_entries', max_entries, 1, 100000);
-    with c as (select r.id from pgrag.render_queue r order by r.id limit max_entries
-                  for update skip locked),
-         d as (delete from pgrag.render_queue r using c where r.id = c.id returning r)
-    select array_agg(d.r order by (d.r).id) into claimed from d;
-    if claimed is null then
+    select array_agg(c.id) into ids
+      from (select r.id from pgrag.render_queue r order by r.id limit max_entries
+               for update skip locked) c;
+    if ids is null then
         return query select 0, 0::bigint, null::interval;
         return;
     end if;
@@ -727,23 +728,28 @@ begin
       into todo
       from (select s.doc_type, bool_or(s.keys is null and s.rows is null) as every,
                    coalesce(array_agg(distinct k) filter (where k is not null), '{}') as keys
-              from unnest(claimed) s left join lateral unnest(s.keys) u(k) on true
+              from pgrag.render_queue s left join lateral unnest(s.keys) u(k) on true
+             where s.id = any(ids)
              group by s.doc_type) x;
-    todo := pgrag._todo_merge(todo, (
-        select pgrag._keys_of_rows(array_agg(s.doc_type), array_agg(s.source_table),
-                                   array_agg(s.rows))
-          from unnest(claimed) s
-         where s.rows is not null and jsonb_typeof(todo -> s.doc_type) is distinct from 'null'));
+    if exists (select from pgrag.render_queue s where s.id = any(ids) and s.rows is not null) then
+        open rows_cur for select s.doc_type, s.source_table, s.rows
+                            from pgrag.render_queue s
+                           where s.id = any(ids) and s.rows is not null
+                           order by s.doc_type, s.source_table, s.id;
+        todo := pgrag._todo_merge(todo, pgrag._keys_of_rows(rows_cur, todo));
+    end if;
     perform pgrag._lock_documents(todo, true);
     n := pgrag._render_todo(todo);
     insert into pgrag.render_lag (doc_type, documents, lags_ms)
     select s.doc_type,
            coalesce(jsonb_array_length(nullif(todo -> s.doc_type, 'null')), 0),
            array_agg(extract(epoch from clock_timestamp() - s.queued_at)::real * 1000)
-      from unnest(claimed) s group by s.doc_type;
+      from pgrag.render_queue s where s.id = any(ids) group by s.doc_type;
+    return query select cardinality(ids), n,
+                        (select clock_timestamp() - min(s.queued_at)
+                           from pgrag.render_queue s where s.id = any(ids));
+    delete from pgrag.render_queue s where s.id = any(ids);
     delete from pgrag.render_lag l where l.rendered_at < now() - interval '1 hour';
-    return query select cardinality(claimed), n,
-                        (select clock_timestamp() - min(s.queued_at) from unnest(claimed) s);
 end
 $fn$;
 
