@@ -169,10 +169,10 @@ class EmbeddedServer:
 
         Returns the connection URL. Safe to call from several processes at once.
         """
-        self._check_data_dir()
-        with self._lock():
+        with self._lock():  # checked under the lock: another starter may be mid-initdb
             url = self.running_url()
             if url is None:
+                self._check_data_dir()
                 if not (self.data_dir / "PG_VERSION").is_file():
                     self._initdb()
                 self._pg_ctl_start()
@@ -271,7 +271,9 @@ class EmbeddedServer:
                     f"embedded server is PostgreSQL {PG_MAJOR}: set PGRAG_DATA_DIR to another "
                     f"directory, or upgrade that cluster with pg_upgrade"
                 )
-        elif any(p.name != "server.log" for p in d.iterdir()):
+        elif any(
+            p.name != "server.log" and not p.name.startswith(".pgrag-probe-") for p in d.iterdir()
+        ):
             raise ServerError(
                 f"data directory {d} is not empty and holds no PostgreSQL cluster: "
                 f"{fix} (an empty or new one)"

@@ -63,7 +63,7 @@ def test_two_processes_starting_at_once_share_one_server(tmp_path: Path) -> None
     data = tmp_path / "data"
     code = (
         "import sys, pgrag; from pgrag.server import EmbeddedServer;"
-        "c = pgrag.connect();"
+        "c = pgrag.connect(embedded=True);"
         "cm = c.connection(); conn = cm.__enter__();"
         "r = conn.execute('select pg_postmaster_start_time()').fetchone();"
         "print(EmbeddedServer().status().pid, r[0]); cm.__exit__(None, None, None); c.close()"
