@@ -28,7 +28,7 @@ import psycopg
 from psycopg import sql
 
 from pgrag import migrate
-from pgrag.db import resolve_url
+from pgrag.connection import resolve_url
 from pgrag.embed import QueryCache
 from pgrag.embed.onnx import OnnxEmbedder
 from pgrag.embed.sentence_transformers import SentenceTransformerEmbedder

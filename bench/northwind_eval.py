@@ -7,7 +7,7 @@ Against the server of PGRAG_DATABASE_URL (default: the embedded server), in a sc
 `pgrag_northwind_eval` it creates (and drops unless --keep): loads Northwind (default
 examples/northwind/northwind.sql, or PGRAG_NORTHWIND_SQL) with psql, migrates pgrag,
 declares the documents of examples/northwind/documents.sql, embeds them with the default model,
-generates the Northwind question set (pgrag.eval.northwind, SQL ground truth in
+generates the Northwind question set (pgrag.lab.eval.northwind, SQL ground truth in
 sql/eval/northwind_questions.sql) and evaluates four strategies with the same credit rule as
 the shop (order_id -> nw_order, customer_id -> nw_customer):
 
@@ -34,13 +34,13 @@ import psycopg
 from psycopg import sql
 
 from pgrag import migrate
-from pgrag.db import resolve_url
-from pgrag.embed.base import get_embedder
-from pgrag.eval.bench import embed_type, result_markdown
-from pgrag.eval.metrics import evaluate
-from pgrag.eval.northwind import generate_northwind_questions
-from pgrag.eval.questions import labels, qrels, write_jsonl
-from pgrag.eval.runner import NORTHWIND_ENTITIES, STRATEGIES, Strategy, run_eval
+from pgrag.connection import resolve_url
+from pgrag.embed.registry import get_embedder
+from pgrag.lab.eval.bench import embed_type, result_markdown
+from pgrag.lab.eval.metrics import evaluate
+from pgrag.lab.eval.northwind import generate_northwind_questions
+from pgrag.lab.eval.questions import labels, qrels, write_jsonl
+from pgrag.lab.eval.runner import NORTHWIND_ENTITIES, STRATEGIES, Strategy, run_eval
 from pgrag.server import bin_dir
 
 DB = "pgrag_northwind_eval"

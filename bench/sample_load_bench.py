@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psycopg
 
-from pgrag.sample import SampleStats, load_sample
+from pgrag.lab.sample import SampleStats, load_sample
 
 HEADER = (
     "| customers | orders | order items | load (s) | rows/s | database size | machine |\n"

@@ -3,7 +3,7 @@
     python bench/search_bench.py --rows 100000 [--database-url URL] [--queries 200]
 
 Fills ``pgrag.chunks`` of a *fresh migrated database* (it deletes every chunk) with the
-synthetic chunks of ``pgrag/synthetic.py`` (clustered 384-d unit vectors, metadata keys
+synthetic chunks of ``pgrag/lab/synthetic.py`` (clustered 384-d unit vectors, metadata keys
 selecting 100%, 10%, 1% and 0.1% of the rows). Then, per selectivity, side by side in the same run:
 
 - bare pgvector: ``where filter order by embedding <=> q limit 10`` with default settings;
@@ -26,8 +26,8 @@ import numpy as np
 import psycopg
 from pgvector.psycopg import register_vector
 
-from pgrag.sweep import bare, exact
-from pgrag.synthetic import SELECTIVITIES, declare_stats, load, queries
+from pgrag.lab.sweep import bare, exact
+from pgrag.lab.synthetic import SELECTIVITIES, declare_stats, load, queries
 
 
 def exact_ids(
@@ -135,7 +135,7 @@ def end_to_end(url: str, nq: int) -> None:
     is the time of the embedding plus the statement.
     """
     from pgrag.db import connect
-    from pgrag.embed.base import get_embedder
+    from pgrag.embed.registry import get_embedder
     from pgrag.search import search
 
     embedder = get_embedder(None)
@@ -184,7 +184,7 @@ def bench_database() -> str:
     from psycopg import sql
 
     from pgrag import migrate
-    from pgrag.db import resolve_url
+    from pgrag.connection import resolve_url
 
     base = resolve_url(None)
     with psycopg.connect(base, autocommit=True) as conn:

@@ -4,7 +4,7 @@ by the client, as pgrag's Python client did before the statement moved into SQL.
     python bench/search_statement_bench.py [--rows 100000] [--queries 200] [--skip-load]
 
 Against PGRAG_DATABASE_URL (default: the embedded server): loads ``--rows`` synthetic chunks
-(pgrag/synthetic.py; replaces every chunk of that database), then for each filter (100%, 10%,
+(pgrag/lab/synthetic.py; replaces every chunk of that database), then for each filter (100%, 10%,
 1%, 0.1% of the chunks) and mode (vector, hybrid) runs each query both ways, alternating which
 goes first, and reports p50 / p95 of each and their ratio:
 
@@ -37,8 +37,8 @@ import psycopg.rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pgrag import synthetic  # noqa: E402
-from pgrag.db import resolve_url  # noqa: E402
+from pgrag.connection import resolve_url  # noqa: E402
+from pgrag.lab import synthetic  # noqa: E402
 from pgrag.search import (  # noqa: E402
     SearchResult,
     VectorParam,

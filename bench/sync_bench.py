@@ -32,9 +32,9 @@ import psycopg
 from psycopg import sql
 
 from pgrag import documents, migrate
-from pgrag.db import resolve_url
-from pgrag.sample import load_sample
-from pgrag.sample_documents import declare_sample_documents
+from pgrag.connection import resolve_url
+from pgrag.lab.sample import load_sample
+from pgrag.lab.sample_documents import declare_sample_documents
 
 DB = "pgrag_bench_sync"
 MODES = ("off", "commit", "queue")

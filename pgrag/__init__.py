@@ -3,7 +3,9 @@
 The connection and error classes load with the package; the search, question and answer
 machinery loads on first use, so ``import pgrag`` and ``pgrag.connect()`` stay fast for scripts
 that only need the store. Search and ask through the client: ``client.search(...)``,
-``client.ask(...)`` (``pgrag.search`` and ``pgrag.ask`` are the modules).
+``client.ask(...)`` (``pgrag.search`` and ``pgrag.ask`` are the modules); on asyncio,
+``await pgrag.aconnect(url)`` gives an ``AsyncClient``. ``pgrag.connect()`` needs a URL (or
+``PGRAG_DATABASE_URL``), or ``embedded=True`` to start pgrag's embedded PostgreSQL.
 """
 
 from __future__ import annotations
@@ -11,15 +13,19 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from pgrag.db import Client, StoreSettings, StoreStatus, connect
+from pgrag.db import AsyncClient, Client, StoreSettings, StoreStatus, aconnect, connect
 from pgrag.errors import (
+    EXIT_CODES,
     ConfigError,
     ConnectionFailed,
     DimensionMismatch,
     DocumentError,
+    EmbeddingFailed,
+    IndexBuildFailed,
     InvalidFilter,
     MissingDependency,
     MissingExtension,
+    ModelMismatch,
     NotMigrated,
     PgragError,
     ServerError,
@@ -33,7 +39,7 @@ if TYPE_CHECKING:
     from pgrag.filters import parse_filter_json
     from pgrag.parse import LLMParser, ParsedQuery, parse_question
     from pgrag.rerank import Hit, Reranker
-    from pgrag.search import SearchHit, SearchResult, asearch
+    from pgrag.search import SearchHit, SearchOptions, SearchResult, asearch
 
 _LAZY = {
     "Answer": "pgrag.answer",
@@ -50,6 +56,7 @@ _LAZY = {
     "Hit": "pgrag.rerank",
     "Reranker": "pgrag.rerank",
     "SearchHit": "pgrag.search",
+    "SearchOptions": "pgrag.search",
     "SearchResult": "pgrag.search",
     "asearch": "pgrag.search",
 }
@@ -65,8 +72,10 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "EXIT_CODES",
     "Answer",
     "AskResult",
+    "AsyncClient",
     "Client",
     "ConfigError",
     "ConnectionFailed",
@@ -74,6 +83,8 @@ __all__ = [
     "DimensionMismatch",
     "DocType",
     "DocumentError",
+    "EmbeddingFailed",
+    "IndexBuildFailed",
     "Hit",
     "InvalidFilter",
     "LLMConfig",
@@ -81,16 +92,19 @@ __all__ = [
     "Mismatch",
     "MissingDependency",
     "MissingExtension",
+    "ModelMismatch",
     "NotMigrated",
     "ParsedQuery",
     "PgragError",
     "RebuildStats",
     "Reranker",
     "SearchHit",
+    "SearchOptions",
     "SearchResult",
     "ServerError",
     "StoreSettings",
     "StoreStatus",
+    "aconnect",
     "asearch",
     "connect",
     "parse_filter_json",

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pgrag import config
 from pgrag.errors import ConfigError, MissingDependency, PgragError
 
 ENV_LLM_BASE_URL = "PGRAG_LLM_BASE_URL"
@@ -80,10 +81,13 @@ class LLMConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LLMConfig | None:
         """The endpoint from PGRAG_LLM_* variables, or None when no LLM is configured."""
-        env = os.environ if environ is None else environ
-        model = env.get(ENV_LLM_MODEL) or None
-        base_url = env.get(ENV_LLM_BASE_URL) or None
-        api_key = env.get(ENV_LLM_API_KEY) or env.get(ENV_OPENAI_API_KEY) or None
+        model = config.env(ENV_LLM_MODEL, environ)
+        base_url = config.env(ENV_LLM_BASE_URL, environ)
+        api_key = (
+            config.env(ENV_LLM_API_KEY, environ)
+            or (os.environ if environ is None else environ).get(ENV_OPENAI_API_KEY)
+            or None
+        )
         if model is None and base_url is None:
             return None
         if model is None:

@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, LiteralString
+from typing import TYPE_CHECKING, Any, LiteralString, TypedDict
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -26,7 +26,6 @@ from pgrag.rerank import Reranker
 from pgrag.search import SearchHit
 
 if TYPE_CHECKING:
-    from pgrag.db import Client
     from pgrag.embed.base import Embedder
     from pgrag.embed.cache import QueryCache
 
@@ -124,8 +123,23 @@ def contexts_of(hits: Sequence[SearchHit]) -> list[Context]:
     return out
 
 
+class AskArgs(TypedDict, total=False):
+    """``ask``'s keyword arguments, for the Client's typed ``**kwargs``."""
+
+    k: int
+    top_n: int
+    filter: Mapping[str, Any] | None
+    doc_types: Sequence[str] | None
+    stats: bool | None
+    llm: LLMConfig | None
+    use_env_llm: bool
+    reranker: Reranker | None
+    embedder: str | Embedder | QueryCache | None
+    today: dt.date | None
+
+
 def ask(
-    target: Client | psycopg.Connection[Any],
+    conn: psycopg.Connection[Any],
     question: str,
     *,
     k: int = 10,
@@ -142,25 +156,6 @@ def ask(
     """Answer ``question`` from the store. ``filter`` / ``doc_types`` replace the parsed ones;
     ``stats`` forces exact statistics on or off (default: when the parse says numbers are asked
     for). ``llm`` defaults to ``LLMConfig.from_env()`` (extractive answer when none)."""
-    from pgrag.db import Client
-
-    if isinstance(target, Client):
-        with target.connection() as conn:
-            return ask(
-                conn,
-                question,
-                k=k,
-                top_n=top_n,
-                filter=filter,
-                doc_types=doc_types,
-                stats=stats,
-                llm=llm,
-                use_env_llm=use_env_llm,
-                reranker=reranker,
-                embedder=embedder,
-                today=today,
-            )
-    conn = target
     check_question(question)
     started = time.perf_counter()
     categories, schemas = _catalog_for(conn)

@@ -1,11 +1,17 @@
-"""Settings from arguments and PGRAG_* environment variables.
+"""Settings from arguments and PGRAG_* environment variables: the one place that reads them.
 
-Precedence: an explicit argument, then the environment, then the default.
+``VARIABLES`` is the table of every variable pgrag reads (name, default, meaning): the README's
+configuration table is generated from it (``python -m tests.test_docs --update``; a test checks
+it is current), and ``env(name)`` is the only reader of the environment, refusing a name the
+table does not list. ``Settings.from_env()`` reads them all at once, typed. Precedence
+everywhere: an explicit argument, then the environment, then the default.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import platformdirs
@@ -13,11 +19,61 @@ from psycopg import conninfo
 
 from pgrag.errors import ConfigError
 
+
+@dataclass(frozen=True)
+class Variable:
+    name: str
+    default: str  # as the README shows it ("" when there is none)
+    meaning: str
+
+
+VARIABLES: tuple[Variable, ...] = (
+    Variable("PGRAG_DATABASE_URL", "", "PostgreSQL (with pgvector) to use; unset, the CLI uses "
+             "the embedded server and `pgrag.connect()` needs `embedded=True`"),
+    Variable("PGRAG_DATA_DIR", "~/.local/share/pgrag/postgres-18",
+             "the embedded server's data directory"),
+    Variable("PGRAG_EMBEDDING_DIM", "384", "the vector dimension chosen at the first migration"),
+    Variable("PGRAG_READER_ROLE", "pgrag_reader", "the reader role revision 0006 creates if "
+             "missing ([security](docs/security.md))"),
+    Variable("PGRAG_WRITER_ROLE", "pgrag_writer", "the writer role revision 0006 creates if "
+             "missing"),
+    Variable("PGRAG_EMBEDDER", "sentence-transformers", "the embedder: `sentence-transformers`"
+             "[`:PATH`], `onnx`[`:DIR`], `openai:MODEL` ([embeddings](docs/embeddings.md))"),
+    Variable("PGRAG_OPENAI_BASE_URL", "", "an OpenAI-compatible embeddings endpoint (else "
+             "`OPENAI_BASE_URL`, else OpenAI)"),
+    Variable("PGRAG_OPENAI_API_KEY", "", "its key (else `OPENAI_API_KEY`)"),
+    Variable("PGRAG_OPENAI_DIMENSIONS", "", "the `dimensions` to ask it for"),
+    Variable("PGRAG_OPENAI_BATCH_SIZE", "256", "texts per embeddings request"),
+    Variable("PGRAG_LLM_MODEL", "", "the chat model that writes answers (unset: extractive "
+             "answers)"),
+    Variable("PGRAG_LLM_BASE_URL", "", "its OpenAI-compatible endpoint (e.g. "
+             "`http://127.0.0.1:11434/v1`)"),
+    Variable("PGRAG_LLM_API_KEY", "", "its key (else `OPENAI_API_KEY`)"),
+    Variable("PGRAG_RERANK_MODEL", "", "a local cross-encoder folder to rerank with (unset: no "
+             "reranking)"),
+    Variable("PGRAG_RERANK_THRESHOLD", "", "drop reranked hits scoring below it"),
+    Variable("PGRAG_QUERY_CACHE_TTL", "", "ignored since revision 0009 (with a warning): the "
+             "query cache's TTL is the server's, `pgrag.settings.query_cache_ttl`"),
+    Variable("PGRAG_TEST_DATABASE_URL", "", "the server the tests use (the role needs "
+             "CREATEDB); else Docker, else the embedded server"),
+)  # fmt: skip
+
+_NAMES = frozenset(v.name for v in VARIABLES)
+
+
+def env(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The value of a PGRAG_* variable pgrag reads (None when unset or empty)."""
+    if name not in _NAMES:
+        raise KeyError(f"{name} is not in pgrag.config.VARIABLES: add it there")
+    return (os.environ if environ is None else environ).get(name) or None
+
+
 ENV_DATABASE_URL = "PGRAG_DATABASE_URL"
 ENV_DATA_DIR = "PGRAG_DATA_DIR"
 ENV_EMBEDDING_DIM = "PGRAG_EMBEDDING_DIM"
 ENV_READER_ROLE = "PGRAG_READER_ROLE"
 ENV_WRITER_ROLE = "PGRAG_WRITER_ROLE"
+ENV_EMBEDDER = "PGRAG_EMBEDDER"
 
 DEFAULT_EMBEDDING_DIM = 384
 DEFAULT_HNSW_M = 16
@@ -28,7 +84,7 @@ DEFAULT_WRITER_ROLE = "pgrag_writer"
 
 def database_url(explicit: str | None = None) -> str | None:
     """The external database URL, or None to use the embedded server."""
-    url = explicit or os.environ.get(ENV_DATABASE_URL) or None
+    url = explicit or env(ENV_DATABASE_URL)
     if url is not None:
         validate_url(url)
     return url
@@ -57,7 +113,7 @@ def validate_url(url: str) -> None:
 
 def data_dir(explicit: str | Path | None = None) -> Path:
     """The embedded server's data directory (the PostgreSQL cluster itself)."""
-    raw = explicit or os.environ.get(ENV_DATA_DIR)
+    raw = explicit or env(ENV_DATA_DIR)
     if raw:
         return Path(raw).expanduser().absolute()
     return platformdirs.user_data_path("pgrag") / "postgres-18"
@@ -67,7 +123,7 @@ def embedding_dim(explicit: int | None = None) -> int | None:
     """The dimension asked for at migration time, or None for "the store's, or the default"."""
     if explicit is not None:
         return check_dimension_value(explicit)
-    raw = os.environ.get(ENV_EMBEDDING_DIM)
+    raw = env(ENV_EMBEDDING_DIM)
     if not raw:
         return None
     try:
@@ -89,8 +145,8 @@ def check_dimension_value(value: int) -> int:
 
 def role_name(kind: str, explicit: str | None = None) -> str | None:
     """The reader or writer role's name asked for at migration time (None: the default)."""
-    env = ENV_READER_ROLE if kind == "reader" else ENV_WRITER_ROLE
-    name = explicit or os.environ.get(env) or None
+    variable = ENV_READER_ROLE if kind == "reader" else ENV_WRITER_ROLE
+    name = explicit or env(variable)
     if name is None:
         return None
     if len(name.encode()) > 63 or "\x00" in name:
@@ -98,3 +154,26 @@ def role_name(kind: str, explicit: str | None = None) -> str | None:
             f"{kind} role name {name!r} is not a PostgreSQL role name: use at most 63 bytes"
         )
     return name
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every PGRAG_* setting, read once from the environment (``from_env``) and checked."""
+
+    database_url: str | None
+    data_dir: Path
+    embedding_dim: int | None
+    reader_role: str | None
+    writer_role: str | None
+    embedder: str | None
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        return cls(
+            database_url=database_url(),
+            data_dir=data_dir(),
+            embedding_dim=embedding_dim(),
+            reader_role=role_name("reader"),
+            writer_role=role_name("writer"),
+            embedder=env(ENV_EMBEDDER),
+        )

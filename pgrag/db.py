@@ -8,79 +8,42 @@ every connection has the pgvector types registered.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import psycopg
 from pgvector.psycopg import register_vector
 from psycopg.rows import class_row
 from psycopg.types import TypeInfo
-from psycopg_pool import ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from pgrag import config, documents, security
+from pgrag import documents, security
 
 if TYPE_CHECKING:
-    from pgrag.ask import AskResult
+    from pgrag.ask import AskArgs, AskResult
     from pgrag.filter_index import FilterIndex
-    from pgrag.search import ContextRow, SearchResult
+    from pgrag.search import ContextRow, SearchArgs, SearchOptions, SearchResult
     from pgrag.stats_cache import CachedType
+from pgrag.connection import CONNECT_TIMEOUT_S, connect_once, describe_target, resolve_url
 from pgrag.errors import (
-    ConnectionFailed,
     MissingExtension,
     NotMigrated,
     PgragError,
     mapped_database_errors,
 )
 
-CONNECT_TIMEOUT_S = 5
 
-
-def resolve_url(url: str | None) -> str:
-    """An explicit URL, else PGRAG_DATABASE_URL, else the embedded server (started if needed)."""
-    resolved = config.database_url(url)
-    if resolved is not None:
-        return resolved
-    from pgrag.server import EmbeddedServer
-
-    return EmbeddedServer().ensure()
-
-
-def describe_target(url: str) -> str:
-    """host:port/dbname for messages (never the password)."""
-    try:
-        params = psycopg.conninfo.conninfo_to_dict(url)
-    except psycopg.Error:
-        return "the database"
-    host = params.get("host") or "localhost"
-    port = params.get("port") or "5432"
-    return f"{host}:{port}/{params.get('dbname') or params.get('user') or ''}"
-
-
-@contextlib.contextmanager
-def connect_once(url: str, *, autocommit: bool = True) -> Iterator[psycopg.Connection[Any]]:
-    """One plain connection, with connection failures turned into ConnectionFailed."""
-    config.validate_url(url)
-    try:
-        conn = psycopg.connect(url, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT_S)
-    except psycopg.OperationalError as exc:
-        reason = _first_line(str(exc))
-        raise ConnectionFailed(
-            f"cannot connect to {describe_target(url)} ({reason}): check that the server runs "
-            f"and the URL is right, or unset PGRAG_DATABASE_URL to use the embedded server"
-        ) from exc
-    with conn:
-        yield conn
-
-
-def _first_line(text: str) -> str:
-    for line in text.splitlines():
-        line = line.strip()
-        if line:
-            return line.removeprefix("connection failed: ")
-    return "no reason given"
+def _pool_options(min_size: int, max_size: int, name: str) -> dict[str, Any]:
+    """What both clients' pools are opened with (opened by the client, not the constructor)."""
+    return {
+        "min_size": min_size,
+        "max_size": max_size,
+        "kwargs": {"connect_timeout": CONNECT_TIMEOUT_S},
+        "open": False,
+        "name": name,
+    }
 
 
 def _configure(conn: psycopg.Connection[Any], tenant: str | None = None) -> None:
@@ -130,12 +93,8 @@ class Client:
         self.tenant = None if tenant is None else security.check_tenant(tenant)
         self._pool = ConnectionPool(
             url,
-            min_size=min_size,
-            max_size=max_size,
-            kwargs={"connect_timeout": CONNECT_TIMEOUT_S},
             configure=lambda conn: _configure(conn, self.tenant),
-            open=False,
-            name="pgrag",
+            **_pool_options(min_size, max_size, "pgrag"),
         )
         self._pool.open(wait=True, timeout=CONNECT_TIMEOUT_S * 2)
 
@@ -147,12 +106,7 @@ class Client:
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     @contextlib.contextmanager
@@ -265,37 +219,51 @@ class Client:
     # ---- search and answers (pgrag/search.py, pgrag/ask.py) ----
 
     def search(
-        self, query: str | None = None, *, tenant: str | None = None, **kwargs: Any
+        self,
+        query: str | None = None,
+        options: SearchOptions | None = None,
+        *,
+        tenant: str | None = None,
+        **args: Unpack[SearchArgs],
     ) -> SearchResult:
-        """One-statement hybrid search; see ``pgrag.search.search`` for the arguments.
-        ``tenant`` searches as that tenant (default: the Client's)."""
+        """One-statement hybrid search (``pgrag.search.search``): the question, then a
+        ``SearchOptions`` and/or its fields as keywords. ``tenant`` searches as that tenant
+        (default: the Client's)."""
         from pgrag.search import search
 
         with self.connection(tenant=tenant) as conn:
-            return search(conn, query, **kwargs)
+            return search(conn, query, options, **args)
 
-    def stats(self, *, tenant: str | None = None, **kwargs: Any) -> dict[str, Any]:
+    def stats(
+        self,
+        *,
+        filter: Mapping[str, Any] | None = None,
+        doc_types: Sequence[str] | None = None,
+        tenant: str | None = None,
+    ) -> dict[str, Any]:
         """Exact aggregates over the source rows matching a filter (``pgrag.search.stats``)."""
         from pgrag.search import stats
 
         with self.connection(tenant=tenant) as conn:
-            return stats(conn, **kwargs)
+            return stats(conn, filter=filter, doc_types=doc_types)
 
     def context(
-        self, chunk_id: int, *, tenant: str | None = None, **kwargs: Any
+        self, chunk_id: int, *, max_children: int = 20, tenant: str | None = None
     ) -> list[ContextRow]:
         """A chunk with its parent and children (``pgrag.search.context``)."""
         from pgrag.search import context
 
         with self.connection(tenant=tenant) as conn:
-            return context(conn, chunk_id, **kwargs)
+            return context(conn, chunk_id, max_children=max_children)
 
-    def ask(self, question: str, *, tenant: str | None = None, **kwargs: Any) -> AskResult:
+    def ask(
+        self, question: str, *, tenant: str | None = None, **args: Unpack[AskArgs]
+    ) -> AskResult:
         """Question → filters → search → rerank → grounded answer (``pgrag.ask.ask``)."""
         from pgrag.ask import ask
 
         with self.connection(tenant=tenant) as conn:
-            return ask(conn, question, **kwargs)
+            return ask(conn, question, **args)
 
     # ---- filter indexes (pgrag/filter_index.py) ----
 
@@ -358,15 +326,143 @@ class Client:
         self._pool.drain()
 
 
+async def _aconfigure(conn: psycopg.AsyncConnection[Any], tenant: str | None = None) -> None:
+    """Async pool hook: ``_configure`` on an async connection."""
+    from pgvector.psycopg import register_vector_async
+
+    if await TypeInfo.fetch(conn, "vector") is not None:
+        await register_vector_async(conn)
+    if tenant is not None:
+        await conn.execute(
+            "select set_config('pgrag.tenant', %s, false)", (security.check_tenant(tenant),)
+        )
+    await conn.commit()
+
+
+class AsyncClient:
+    """``Client``'s searches on asyncio: a pool of async connections with pgvector registered.
+
+    ``async with await pgrag.aconnect(url) as client:``, then ``await client.search(...)``,
+    ``stats``, ``context``, ``status``. The search is the same plan and statement as the sync
+    client's (``pgrag.search._plan``); declarations, rebuilds and the worker stay on the sync
+    ``Client`` (they are not request-path work).
+    """
+
+    def __init__(
+        self, url: str, *, min_size: int = 1, max_size: int = 8, tenant: str | None = None
+    ) -> None:
+        self.url = url
+        self.tenant = None if tenant is None else security.check_tenant(tenant)
+        self._pool = AsyncConnectionPool(
+            url,
+            configure=lambda conn: _aconfigure(conn, self.tenant),
+            **_pool_options(min_size, max_size, "pgrag-async"),
+        )
+
+    async def open(self) -> AsyncClient:
+        await self._pool.open(wait=True, timeout=CONNECT_TIMEOUT_S * 2)
+        return self
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @contextlib.asynccontextmanager
+    async def connection(
+        self, *, tenant: str | None = None
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A pooled async connection; with ``tenant``, one transaction as that tenant."""
+        async with self._pool.connection() as conn, security.atenant_scope(conn, tenant):
+            with mapped_database_errors():
+                yield conn
+
+    async def search(
+        self,
+        query: str | None = None,
+        options: SearchOptions | None = None,
+        *,
+        tenant: str | None = None,
+        **args: Unpack[SearchArgs],
+    ) -> SearchResult:
+        """``Client.search`` on asyncio (``pgrag.search.asearch``)."""
+        from pgrag.search import asearch
+
+        async with self.connection(tenant=tenant) as conn:
+            return await asearch(conn, query, options, **args)
+
+    async def stats(
+        self,
+        *,
+        filter: Mapping[str, Any] | None = None,
+        doc_types: Sequence[str] | None = None,
+        tenant: str | None = None,
+    ) -> dict[str, Any]:
+        from pgrag.search import astats
+
+        async with self.connection(tenant=tenant) as conn:
+            return await astats(conn, filter=filter, doc_types=doc_types)
+
+    async def context(
+        self, chunk_id: int, *, max_children: int = 20, tenant: str | None = None
+    ) -> list[ContextRow]:
+        from pgrag.search import acontext
+
+        async with self.connection(tenant=tenant) as conn:
+            return await acontext(conn, chunk_id, max_children=max_children)
+
+    async def status(self) -> StoreStatus:
+        async with (
+            self.connection() as conn,
+            conn.cursor(row_factory=class_row(StoreStatus)) as cur,
+        ):
+            await cur.execute("select * from pgrag.status()")
+            row = await cur.fetchone()
+        assert row is not None
+        return row
+
+
+async def aconnect(
+    url: str | None = None,
+    *,
+    embedded: bool = False,
+    min_size: int = 1,
+    max_size: int = 8,
+    tenant: str | None = None,
+) -> AsyncClient:
+    """An open AsyncClient: ``connect``'s checks, then an asyncio pool."""
+    import asyncio
+
+    client = await asyncio.to_thread(
+        connect, url, embedded=embedded, min_size=1, max_size=1, tenant=tenant
+    )
+    try:
+        checked = client.url
+    finally:
+        client.close()
+    return await AsyncClient(checked, min_size=min_size, max_size=max_size, tenant=tenant).open()
+
+
 def connect(
-    url: str | None = None, *, min_size: int = 1, max_size: int = 8, tenant: str | None = None
+    url: str | None = None,
+    *,
+    embedded: bool = False,
+    min_size: int = 1,
+    max_size: int = 8,
+    tenant: str | None = None,
 ) -> Client:
-    """A Client on ``url``, ``PGRAG_DATABASE_URL``, or the embedded server; with ``tenant``,
-    its searches see that tenant's chunks (and the shared ones) only (docs/security.md).
+    """A Client on ``url``, else ``PGRAG_DATABASE_URL``; with neither, ``embedded=True``
+    starts (or reuses) pgrag's embedded PostgreSQL, and without it this is a ConfigError: a
+    server is never started unasked. With ``tenant``, its searches see that tenant's chunks
+    (and the shared ones) only (docs/security.md).
 
     Fails fast with a one-line PgragError if the server is unreachable or lacks pgvector.
     """
-    resolved = resolve_url(url)
+    resolved = resolve_url(url, embedded=embedded)
     with connect_once(resolved) as conn:
         row = conn.execute(
             "select exists (select 1 from pg_available_extensions where name = 'vector')"

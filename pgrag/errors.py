@@ -134,3 +134,40 @@ class EmbeddingFailed(PgragError):
 
 
 SQLSTATE_CLASSES["PR007"] = ModelMismatch
+
+
+# What each exit code means (the CLI's `pgrag --help`, the README; tests/test_docs.py checks the
+# README shows this table and that every error class's code is in it).
+EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (0, "success"),
+    (1, "any other error"),
+    (2, "bad usage or configuration"),
+    (3, "the server is unreachable, cannot start or lacks pgvector"),
+    (4, "the database is not migrated"),
+    (5, "an embedding dimension or model mismatch"),
+    (6, "a document declaration or render error"),
+    (7, "an invalid filter"),
+    (8, "a missing optional dependency"),
+    (9, "the embedder failed after its retries"),
+    (130, "interrupted"),
+)
+
+__all__ = [
+    "EXIT_CODES",
+    "SQLSTATE_CLASSES",
+    "ConfigError",
+    "ConnectionFailed",
+    "DimensionMismatch",
+    "DocumentError",
+    "EmbeddingFailed",
+    "IndexBuildFailed",
+    "InvalidFilter",
+    "MissingDependency",
+    "MissingExtension",
+    "ModelMismatch",
+    "NotMigrated",
+    "PgragError",
+    "ServerError",
+    "from_database",
+    "mapped_database_errors",
+]

@@ -22,6 +22,7 @@ import psycopg
 from psycopg import sql
 
 from pgrag import config
+from pgrag.connection import connect_once, resolve_url
 from pgrag.errors import (
     ConfigError,
     DimensionMismatch,
@@ -196,8 +197,6 @@ def downgrade(url: str, revision: str, *, drop_data: bool = False) -> None:
 
 def current(url: str) -> str | None:
     """The revision the database is at, or None before the first migration."""
-    from pgrag.db import connect_once
-
     with connect_once(url) as conn:
         return current_on(conn)
 
@@ -246,8 +245,6 @@ def check_head(at: str | None) -> None:
 
 def preflight(url: str, options: MigrationOptions) -> None:
     """Checks that must fail before alembic starts: reachable, pgvector, same dimension."""
-    from pgrag.db import connect_once
-
     with connect_once(url) as conn:
         has_vector = conn.execute(
             "select exists (select 1 from pg_available_extensions where name = 'vector')"
@@ -353,8 +350,6 @@ def _options_from_alembic_cli(context: Any) -> MigrationOptions:
     x = context.get_x_argument(as_dictionary=True)
     url = x.get("url") or context.config.get_main_option("sqlalchemy.url") or None
     if url is None:
-        from pgrag.db import resolve_url
-
         url = resolve_url(None)
 
     def _int(key: str) -> int | None:

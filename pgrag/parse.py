@@ -29,7 +29,7 @@ from pgrag.limits import check_question
 CUSTOMER_PROFILE = "customer_profile"
 ORDER_DETAIL = "order_detail"
 
-# The sample shop's document types (docs/contracts.md). Pass your own to parse other data.
+# The sample shop's document types (sql/sample/shop_documents.sql); pass your own.
 SHOP_SCHEMAS: dict[str, dict[str, str]] = {
     CUSTOMER_PROFILE: {
         "customer_id": "integer",
@@ -52,7 +52,7 @@ SHOP_SCHEMAS: dict[str, dict[str, str]] = {
         "status": "text",
         "total": "numeric",
         "categories": "text[]",
-        "has_return": "boolean",
+        "has_returns": "boolean",
         "segment": "text",
     },
 }
@@ -62,7 +62,7 @@ UNDELIVERED = ("delivered", "cancelled")  # $nin: what "not delivered yet" exclu
 INTENTS = ("stats", "customers", "products", "orders", "lookup")
 
 # Which metadata key carries each notion, per document type.
-_RETURN_KEY = {CUSTOMER_PROFILE: "has_returns", ORDER_DETAIL: "has_return"}
+_RETURN_KEY = {CUSTOMER_PROFILE: "has_returns", ORDER_DETAIL: "has_returns"}
 _DATE_KEY = {CUSTOMER_PROFILE: "last_order_date", ORDER_DETAIL: "order_date"}
 
 
@@ -111,7 +111,7 @@ class ParsedQuery:
 
 # ---- vocabulary ----
 
-MONTHS = {  # month names and abbreviations -> month number (also pgrag.eval.faithfulness)
+MONTHS = {  # month names and abbreviations -> month number (also pgrag.lab.eval.faithfulness)
     name: i
     for i, names in enumerate(
         [

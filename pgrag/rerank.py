@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
+from pgrag import config
 from pgrag.errors import ConfigError, MissingDependency
 
 ENV_RERANK_MODEL = "PGRAG_RERANK_MODEL"
@@ -266,7 +267,7 @@ class Reranker:
 
 
 def _env(name: str, use_env: bool) -> str | None:
-    return (os.environ.get(name) or None) if use_env else None
+    return config.env(name) if use_env else None
 
 
 def _env_threshold(use_env: bool) -> float | None:

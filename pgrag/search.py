@@ -8,8 +8,9 @@ API with bound parameters, as a SQL user would: ``pgrag.search(...)``, joined wi
 snapshot, one round trip). Arguments left None take pgrag's defaults, which live in SQL
 (``pgrag._search_default``) as do the limits (``pgrag._limit``).
 
-``search`` (sync) and ``asearch`` (async) run the same statement with the same parameters
-(``_statement``, no I/O).
+A search's arguments are one value, ``SearchOptions``. ``search`` (sync) and ``asearch``
+(async) drive the same plan (``_plan``: a generator that does no I/O and asks its driver to
+check a filter, embed the question, and run the statement), so the two cannot drift.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from __future__ import annotations
 import struct
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, LiteralString
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import TYPE_CHECKING, Any, Literal, LiteralString, TypedDict, Unpack
 
 import numpy as np
 import psycopg
@@ -32,7 +33,6 @@ from pgrag.filters import filter_param
 from pgrag.limits import check_names, check_query_vector, check_question
 
 if TYPE_CHECKING:
-    from pgrag.db import Client
     from pgrag.embed.base import Embedder
     from pgrag.embed.cache import QueryCache, QueryVector
 
@@ -162,51 +162,93 @@ _SEARCH_WITH_STATS: LiteralString = (
 )
 
 
-def _statement(
-    *,
-    mode: Mode,
-    text: str | None,
-    vector: Sequence[float] | np.ndarray[Any, Any] | None,
-    model: str | None,
-    filter: Mapping[str, Any] | None,
-    doc_types: Sequence[str] | None,
-    k: int | None,
-    stats: bool,
-    match: Match | None,
-    candidates: int | None,
-    ef_search: int | None,
-    exact_threshold: int | None,
-    rrf_k: int | None,
-    fts_limit: int | None,
-) -> tuple[LiteralString, dict[str, Any]]:
+class SearchArgs(TypedDict, total=False):
+    """The keyword arguments of a search (``SearchOptions``'s fields), for typed ``**kwargs``."""
+
+    vector: Sequence[float] | np.ndarray[Any, Any] | None
+    model: str | None
+    filter: Mapping[str, Any] | None
+    doc_types: Sequence[str] | None
+    k: int | None
+    mode: Mode
+    stats: bool
+    match: Match | None
+    candidates: int | None
+    ef_search: int | None
+    exact_threshold: int | None
+    rrf_k: int | None
+    fts_limit: int | None
+    embedder: str | Embedder | QueryCache | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SearchOptions:
+    """Everything a search takes but its question (``pgrag.search`` in SQL, docs/search.md).
+
+    ``vector`` with ``model`` (its model's name) skips the embedding; the store refuses a
+    vector of another model (ModelMismatch) or dimension. ``filter`` is the filter language
+    (docs/filters-and-answers.md), ``doc_types`` limits the types, ``stats`` adds each type's
+    exact statistics over every matching chunk. ``embedder`` embeds the question (a
+    QueryCache, an Embedder or a spec; default PGRAG_EMBEDDER, else the bundled model). The
+    tuning arguments left None take pgrag's defaults (``pgrag._search_default``).
+    """
+
+    vector: Sequence[float] | np.ndarray[Any, Any] | None = None
+    model: str | None = None
+    filter: Mapping[str, Any] | None = None
+    doc_types: Sequence[str] | None = None
+    k: int | None = None
+    mode: Mode = "hybrid"
+    stats: bool = False
+    match: Match | None = None
+    candidates: int | None = None
+    ef_search: int | None = None
+    exact_threshold: int | None = None
+    rrf_k: int | None = None
+    fts_limit: int | None = None
+    embedder: str | Embedder | QueryCache | None = None
+
+    @classmethod
+    def of(cls, options: SearchOptions | None, args: SearchArgs) -> SearchOptions:
+        """``options`` (default: all defaults) with ``args`` put over it."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(args) - known)
+        if unknown:
+            raise ConfigError(
+                f"unknown search argument(s) {', '.join(unknown)}: use {', '.join(sorted(known))}"
+            )
+        return replace(options or cls(), **args)
+
+
+def _statement(o: SearchOptions, text: str | None) -> tuple[LiteralString, dict[str, Any]]:
     """The statement and its parameters (no I/O). Checks here only what must not reach the
     server (text it cannot hold, a malformed vector) or must fail before an embedder runs; the
     server checks the rest, for SQL callers alike."""
-    if mode not in MODES:
-        raise ConfigError(f"search mode {mode!r} is unknown: use one of {', '.join(MODES)}")
-    if mode != "text" and vector is None:
+    if o.mode not in MODES:
+        raise ConfigError(f"search mode {o.mode!r} is unknown: use one of {', '.join(MODES)}")
+    if o.mode != "text" and o.vector is None:
         raise ConfigError(
-            f"a {mode} search needs a query vector: pass vector=... or a question and an "
+            f"a {o.mode} search needs a query vector: pass vector=... or a question and an "
             "embedder, or search with mode='text'"
         )
-    if mode != "vector" and not (text and text.strip()):
-        raise ConfigError(f"a {mode} search needs a search text: pass the question")
+    if o.mode != "vector" and not (text and text.strip()):
+        raise ConfigError(f"a {o.mode} search needs a search text: pass the question")
     params: dict[str, Any] = {
         "text": text,
-        "qvec": None if vector is None else VectorParam(check_query_vector(vector)),
-        "k": k,
-        "filter": filter_param(filter),
-        "doc_types": None if doc_types is None else check_names(doc_types, "doc_types"),
-        "mode": mode,
-        "match": match,
-        "candidates": candidates,
-        "ef_search": ef_search,
-        "exact_threshold": exact_threshold,
-        "rrf_k": rrf_k,
-        "fts_limit": fts_limit,
-        "model": model,
+        "qvec": None if o.vector is None else VectorParam(check_query_vector(o.vector)),
+        "k": o.k,
+        "filter": filter_param(o.filter),
+        "doc_types": None if o.doc_types is None else check_names(o.doc_types, "doc_types"),
+        "mode": o.mode,
+        "match": o.match,
+        "candidates": o.candidates,
+        "ef_search": o.ef_search,
+        "exact_threshold": o.exact_threshold,
+        "rrf_k": o.rrf_k,
+        "fts_limit": o.fts_limit,
+        "model": o.model,
     }
-    return (_SEARCH_WITH_STATS if stats else _SEARCH), params
+    return (_SEARCH_WITH_STATS if o.stats else _SEARCH), params
 
 
 # ---------------------------------------------------------------- embedding
@@ -217,14 +259,13 @@ _CACHES_LOCK = threading.Lock()
 
 def query_cache_for(embedder: str | Embedder | None = None) -> QueryCache:
     """A process-wide QueryCache for an embedder spec (None: PGRAG_EMBEDDER or the default)."""
-    from pgrag.embed.base import ENV_EMBEDDER, get_embedder
+    from pgrag.config import ENV_EMBEDDER, env
     from pgrag.embed.cache import QueryCache
+    from pgrag.embed.registry import get_embedder
 
     if embedder is not None and not isinstance(embedder, str):
         return QueryCache(embedder)
-    import os
-
-    spec = embedder or os.environ.get(ENV_EMBEDDER) or "sentence-transformers"
+    spec = embedder or env(ENV_EMBEDDER) or "sentence-transformers"
     with _CACHES_LOCK:
         cache = _CACHES.get(spec)
         if cache is None:
@@ -290,98 +331,104 @@ def _database_error(exc: psycopg.Error) -> Exception:
 _CHECK_FILTER: LiteralString = "select pgrag.check_filter(%(filter)s::jsonb, %(doc_types)s::text[])"
 
 
-def search(
-    target: Client | psycopg.Connection[Any],
-    query: str | None = None,
-    *,
-    vector: Sequence[float] | np.ndarray[Any, Any] | None = None,
-    model: str | None = None,
-    filter: Mapping[str, Any] | None = None,
-    doc_types: Sequence[str] | None = None,
-    k: int | None = None,
-    mode: Mode = "hybrid",
-    stats: bool = False,
-    match: Match | None = None,
-    candidates: int | None = None,
-    ef_search: int | None = None,
-    exact_threshold: int | None = None,
-    rrf_k: int | None = None,
-    fts_limit: int | None = None,
-    embedder: str | Embedder | QueryCache | None = None,
-) -> SearchResult:
-    """Search the chunks in one statement (``pgrag.search``, docs/search.md).
+@dataclass(frozen=True)
+class _CheckFilter:  # the driver runs _CHECK_FILTER with these parameters
+    params: dict[str, Any]
 
-    ``query`` is the question (full text, and embedded through the query cache when no
-    ``vector`` is given: ``embedder`` is a QueryCache, an Embedder or a spec, default
-    PGRAG_EMBEDDER / the bundled model). ``vector`` with ``model`` (its model's name) skips the
-    embedding; the store refuses a vector of another model (ModelMismatch) or dimension.
-    ``filter`` is the filter language (docs/filters-and-answers.md), ``doc_types`` limits the
-    types, ``stats`` adds each type's exact statistics over every matching chunk. The other
-    arguments left None take pgrag's defaults (``pgrag._search_default``).
-    """
-    from pgrag.db import Client
 
-    if isinstance(target, Client):
-        with target.connection() as conn:
-            return search(
-                conn,
-                query,
-                vector=vector,
-                model=model,
-                filter=filter,
-                doc_types=doc_types,
-                k=k,
-                mode=mode,
-                stats=stats,
-                match=match,
-                candidates=candidates,
-                ef_search=ef_search,
-                exact_threshold=exact_threshold,
-                rrf_k=rrf_k,
-                fts_limit=fts_limit,
-                embedder=embedder,
-            )
-    conn = target
+@dataclass(frozen=True)
+class _Embed:  # the driver embeds the question with this cache; sends back a QueryVector
+    cache: QueryCache
+    question: str
+
+
+@dataclass(frozen=True)
+class _Execute:  # the driver runs the statement; sends back its rows (list[_Row])
+    statement: LiteralString
+    params: dict[str, Any]
+
+
+_Step = _CheckFilter | _Embed | _Execute
+
+
+def _plan(query: str | None, o: SearchOptions) -> Generator[_Step, Any, SearchResult]:
+    """A search, without I/O: it yields what it needs done and is sent the results."""
     if query is not None:
         check_question(query)
     started = time.perf_counter()
     qv: QueryVector | None = None
     timings: dict[str, float] = {}
+    if o.mode != "text" and o.vector is None and query:
+        cache = _query_cache(o.embedder)
+        if o.filter and not cache.embedder_ready():  # a bad filter fails before a model loads
+            yield _CheckFilter(_check_filter_params(o.filter, o.doc_types))
+        qv = yield _Embed(cache, query)
+        assert qv is not None
+        o = replace(o, vector=qv.vector, model=qv.model)
+        timings["embed_ms"] = _ms(qv.seconds)
+    statement, params = _statement(o, query)
+    t0 = time.perf_counter()
+    rows = yield _Execute(statement, params)
+    timings["search_ms"] = _ms(time.perf_counter() - t0)
+    timings["total_ms"] = _ms(time.perf_counter() - started)
+    return _result(rows, timings, qv, o.mode)
+
+
+def search(
+    conn: psycopg.Connection[Any],
+    query: str | None = None,
+    options: SearchOptions | None = None,
+    **args: Unpack[SearchArgs],
+) -> SearchResult:
+    """Search the chunks in one statement (``pgrag.search``, docs/search.md): ``query`` is the
+    question (full text, and embedded unless a vector is given); the rest is ``options``
+    (a ``SearchOptions``) and/or its fields as keywords."""
+    plan = _plan(query, SearchOptions.of(options, args))
     try:
-        if mode != "text" and vector is None and query:
-            cache = _query_cache(embedder)
-            if filter and not cache.embedder_ready():  # a bad filter fails before a model loads
-                conn.execute(_CHECK_FILTER, _check_filter_params(filter, doc_types))
-            qv = cache.embed(conn, query)
-            vector, model = qv.vector, qv.model
-            timings["embed_ms"] = _ms(qv.seconds)
-        statement, params = _statement(
-            mode=mode,
-            text=query,
-            vector=vector,
-            model=model,
-            filter=filter,
-            doc_types=doc_types,
-            k=k,
-            stats=stats,
-            match=match,
-            candidates=candidates,
-            ef_search=ef_search,
-            exact_threshold=exact_threshold,
-            rrf_k=rrf_k,
-            fts_limit=fts_limit,
-        )
-        t0 = time.perf_counter()
-        with conn.cursor(row_factory=class_row(_Row)) as cur:
-            _adapt_vector_param(cur.adapters)
-            # never prepared: the statement inside is planned with the filter's values anyway
-            cur.execute(statement, params, prepare=False)
-            rows = cur.fetchall()
-        timings["search_ms"] = _ms(time.perf_counter() - t0)
+        step = next(plan)
+        while True:
+            if isinstance(step, _CheckFilter):
+                conn.execute(_CHECK_FILTER, step.params)
+                step = next(plan)
+            elif isinstance(step, _Embed):
+                step = plan.send(step.cache.embed(conn, step.question))
+            else:
+                with conn.cursor(row_factory=class_row(_Row)) as cur:
+                    _adapt_vector_param(cur.adapters)
+                    # never prepared: the statement inside is planned with the filter's values
+                    cur.execute(step.statement, step.params, prepare=False)
+                    step = plan.send(cur.fetchall())
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
     except psycopg.Error as exc:
         raise _database_error(exc) from exc
-    timings["total_ms"] = _ms(time.perf_counter() - started)
-    return _result(rows, timings, qv, mode)
+
+
+async def asearch(
+    conn: psycopg.AsyncConnection[Any],
+    query: str | None = None,
+    options: SearchOptions | None = None,
+    **args: Unpack[SearchArgs],
+) -> SearchResult:
+    """``search`` on an async connection: the same plan, the same statement, the same results."""
+    plan = _plan(query, SearchOptions.of(options, args))
+    try:
+        step = next(plan)
+        while True:
+            if isinstance(step, _CheckFilter):
+                await conn.execute(_CHECK_FILTER, step.params)
+                step = next(plan)
+            elif isinstance(step, _Embed):
+                step = plan.send(await step.cache.aembed(conn, step.question))
+            else:
+                async with conn.cursor(row_factory=class_row(_Row)) as cur:
+                    _adapt_vector_param(cur.adapters)
+                    await cur.execute(step.statement, step.params, prepare=False)
+                    step = plan.send(await cur.fetchall())
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    except psycopg.Error as exc:
+        raise _database_error(exc) from exc
 
 
 def _check_filter_params(
@@ -399,67 +446,6 @@ def _query_cache(embedder: str | Embedder | QueryCache | None) -> QueryCache:
     if isinstance(embedder, QueryCache):
         return embedder
     return query_cache_for(embedder)
-
-
-async def asearch(
-    conn: psycopg.AsyncConnection[Any],
-    query: str | None = None,
-    *,
-    vector: Sequence[float] | np.ndarray[Any, Any] | None = None,
-    model: str | None = None,
-    filter: Mapping[str, Any] | None = None,
-    doc_types: Sequence[str] | None = None,
-    k: int | None = None,
-    mode: Mode = "hybrid",
-    stats: bool = False,
-    match: Match | None = None,
-    candidates: int | None = None,
-    ef_search: int | None = None,
-    exact_threshold: int | None = None,
-    rrf_k: int | None = None,
-    fts_limit: int | None = None,
-    embedder: str | Embedder | QueryCache | None = None,
-) -> SearchResult:
-    """``search`` on an async connection: the same statement, the same results."""
-    if query is not None:
-        check_question(query)
-    started = time.perf_counter()
-    qv: QueryVector | None = None
-    timings: dict[str, float] = {}
-    try:
-        if mode != "text" and vector is None and query:
-            cache = _query_cache(embedder)
-            if filter and not cache.embedder_ready():
-                await conn.execute(_CHECK_FILTER, _check_filter_params(filter, doc_types))
-            qv = await cache.aembed(conn, query)
-            vector, model = qv.vector, qv.model
-            timings["embed_ms"] = _ms(qv.seconds)
-        statement, params = _statement(
-            mode=mode,
-            text=query,
-            vector=vector,
-            model=model,
-            filter=filter,
-            doc_types=doc_types,
-            k=k,
-            stats=stats,
-            match=match,
-            candidates=candidates,
-            ef_search=ef_search,
-            exact_threshold=exact_threshold,
-            rrf_k=rrf_k,
-            fts_limit=fts_limit,
-        )
-        t0 = time.perf_counter()
-        async with conn.cursor(row_factory=class_row(_Row)) as cur:
-            _adapt_vector_param(cur.adapters)
-            await cur.execute(statement, params, prepare=False)
-            rows = await cur.fetchall()
-        timings["search_ms"] = _ms(time.perf_counter() - t0)
-    except psycopg.Error as exc:
-        raise _database_error(exc) from exc
-    timings["total_ms"] = _ms(time.perf_counter() - started)
-    return _result(rows, timings, qv, mode)
 
 
 # ---------------------------------------------------------------- stats and context
@@ -484,42 +470,58 @@ def declare_stats(conn: psycopg.Connection[Any], doc_type: str, stats_sql: str |
         raise _database_error(exc) from exc
 
 
+_STATS: LiteralString = "select pgrag.stats(%(filter)s::jsonb, %(doc_types)s::text[])"
+_CONTEXT: LiteralString = "select * from pgrag.context(%s, %s)"
+
+
 def stats(
-    target: Client | psycopg.Connection[Any],
+    conn: psycopg.Connection[Any],
     *,
     filter: Mapping[str, Any] | None = None,
     doc_types: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Exact statistics for a filter without a search: ``{doc_type: {...}}`` (``pgrag.stats``)."""
-    from pgrag.db import Client
-
-    if isinstance(target, Client):
-        with target.connection() as conn:
-            return stats(conn, filter=filter, doc_types=doc_types)
     try:
-        row = target.execute(
-            "select pgrag.stats(%(filter)s::jsonb, %(doc_types)s::text[])",
-            _check_filter_params(filter or {}, doc_types),
-        ).fetchone()
+        row = conn.execute(_STATS, _check_filter_params(filter or {}, doc_types)).fetchone()
+    except psycopg.Error as exc:
+        raise _database_error(exc) from exc
+    return dict(row[0]) if row and row[0] else {}
+
+
+async def astats(
+    conn: psycopg.AsyncConnection[Any],
+    *,
+    filter: Mapping[str, Any] | None = None,
+    doc_types: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """``stats`` on an async connection."""
+    try:
+        cur = await conn.execute(_STATS, _check_filter_params(filter or {}, doc_types))
+        row = await cur.fetchone()
     except psycopg.Error as exc:
         raise _database_error(exc) from exc
     return dict(row[0]) if row and row[0] else {}
 
 
 def context(
-    target: Client | psycopg.Connection[Any], chunk_id: int, *, max_children: int = 20
+    conn: psycopg.Connection[Any], chunk_id: int, *, max_children: int = 20
 ) -> list[ContextRow]:
     """A chunk with its parent, children and siblings (``pgrag.context``)."""
-    from pgrag.db import Client
-
-    if isinstance(target, Client):
-        with target.connection() as conn:
-            return context(conn, chunk_id, max_children=max_children)
     try:
-        with target.cursor(row_factory=class_row(ContextRow)) as cur:
-            return cur.execute(
-                "select * from pgrag.context(%s, %s)", (chunk_id, max_children)
-            ).fetchall()
+        with conn.cursor(row_factory=class_row(ContextRow)) as cur:
+            return cur.execute(_CONTEXT, (chunk_id, max_children)).fetchall()
+    except psycopg.Error as exc:
+        raise _database_error(exc) from exc
+
+
+async def acontext(
+    conn: psycopg.AsyncConnection[Any], chunk_id: int, *, max_children: int = 20
+) -> list[ContextRow]:
+    """``context`` on an async connection."""
+    try:
+        async with conn.cursor(row_factory=class_row(ContextRow)) as cur:
+            await cur.execute(_CONTEXT, (chunk_id, max_children))
+            return await cur.fetchall()
     except psycopg.Error as exc:
         raise _database_error(exc) from exc
 
@@ -528,9 +530,13 @@ __all__ = [
     "ContextRow",
     "Match",
     "Mode",
+    "SearchArgs",
     "SearchHit",
+    "SearchOptions",
     "SearchResult",
+    "acontext",
     "asearch",
+    "astats",
     "context",
     "declare_stats",
     "query_cache_for",

@@ -10,7 +10,7 @@ for every pooled connection.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, LiteralString
 
 import psycopg
@@ -47,6 +47,23 @@ def tenant_scope(conn: psycopg.Connection[Any], tenant: str | None) -> Iterator[
         conn.execute(_SET_LOCAL, {"tenant": row[0] if row else ""})
 
 
+@contextlib.asynccontextmanager
+async def atenant_scope(
+    conn: psycopg.AsyncConnection[Any], tenant: str | None
+) -> AsyncIterator[None]:
+    """``tenant_scope`` on an async connection."""
+    if tenant is None:
+        yield
+        return
+    check_tenant(tenant)
+    async with conn.transaction():
+        cur = await conn.execute(_CURRENT)
+        row = await cur.fetchone()
+        await conn.execute(_SET_LOCAL, {"tenant": tenant})
+        yield
+        await conn.execute(_SET_LOCAL, {"tenant": row[0] if row else ""})
+
+
 def set_session_tenant(conn: psycopg.Connection[Any], tenant: str) -> None:
     """``pgrag.tenant`` for the rest of the session (the pool hook of ``connect(tenant=...)``)."""
     conn.execute(_SET_SESSION, {"tenant": check_tenant(tenant)})
@@ -61,6 +78,7 @@ def bind_tenant_role(conn: psycopg.Connection[Any], role: str, tenant: str | Non
 
 __all__ = [
     "TENANT_SETTING",
+    "atenant_scope",
     "bind_tenant_role",
     "check_tenant",
     "set_session_tenant",

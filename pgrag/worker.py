@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -38,6 +38,7 @@ import psycopg
 from pgvector.psycopg import register_vector
 from psycopg.rows import class_row
 
+from pgrag.connection import connect_once
 from pgrag.embed.base import (
     DEFAULT_RETRY,
     Embedder,
@@ -205,7 +206,6 @@ class Worker:
 
     def open(self) -> Worker:
         from pgrag import migrate
-        from pgrag.db import connect_once
 
         migrate.require_head(self.url)
         with connect_once(self.url):  # connection failures as one-line ConnectionFailed
@@ -223,12 +223,7 @@ class Worker:
     def __enter__(self) -> Worker:
         return self.open()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     @property

@@ -160,7 +160,7 @@ class Recording:
 
 CLI_CODE = """
 from pgrag.cli import cli, main
-from pgrag.cli_embed import COMMANDS
+from pgrag.cli.embed import COMMANDS
 for command in COMMANDS:
     if command.name not in cli.commands:
         cli.add_command(command)

@@ -7,7 +7,7 @@ from typing import Any
 import psycopg
 
 from pgrag import migrate
-from pgrag.sample_documents import declare_sample_documents
+from pgrag.lab.sample_documents import declare_sample_documents
 
 CUSTOMERS = [
     (1, "John Smith", "john@example.com", "VIP", "2022-03-01", "Boston", "USA"),

@@ -18,7 +18,7 @@ def test_demo_runs_through_the_cli(db_url: str) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PGRAG_")}
         env |= fake.env() | {"PGRAG_DATABASE_URL": db_url}
         done = subprocess.run(
-            [sys.executable, "-c", "from pgrag.cli_search import demo; demo()", "--json"],
+            [sys.executable, "-c", "from pgrag.cli.search import demo; demo()", "--json"],
             env=env,
             capture_output=True,
             text=True,

@@ -4,7 +4,9 @@
   runs), not a copy that drifts;
 - docs/sql-api.md lists every function of the SQL API (the functions of schema pgrag whose names
   do not start with ``_``) with its arguments, result and COMMENT, as pg_proc has them; every
-  API function has a COMMENT, every internal one is named ``_...``.
+  API function has a COMMENT, every internal one is named ``_...``;
+- the README's configuration table is ``pgrag.config.VARIABLES`` and its exit codes are
+  ``pgrag.errors.EXIT_CODES``.
 
 When one fails, regenerate the blocks from a migrated database and commit them:
 
@@ -23,6 +25,7 @@ from .conftest import REPO
 
 SEARCH_MD = REPO / "docs" / "search.md"
 SQL_API_MD = REPO / "docs" / "sql-api.md"
+README = REPO / "README.md"
 
 _STATEMENT = "select pgrag._search_statement('hybrid', '<filter>', false, 'public')"
 _API = """
@@ -52,6 +55,22 @@ def api_block(conn: psycopg.Connection[Any]) -> str:
     return "\n".join(lines)
 
 
+def config_block() -> str:
+    from pgrag.config import VARIABLES
+
+    lines = ["| variable | default | meaning |", "|---|---|---|"]
+    for v in VARIABLES:
+        default = f"`{v.default}`" if v.default else ""
+        lines.append(f"| `{v.name}` | {default} | {v.meaning} |")
+    return "\n".join(lines)
+
+
+def exit_codes_block() -> str:
+    from pgrag.errors import EXIT_CODES
+
+    return "Exit codes: " + "; ".join(f"{code} {what}" for code, what in EXIT_CODES) + "."
+
+
 def _between(text: str, marker: str) -> str:
     begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
     return text.split(begin, 1)[1].split(end, 1)[0].strip()
@@ -75,6 +94,16 @@ def test_the_sql_api_page_lists_every_api_function(conn: psycopg.Connection[Any]
     )
 
 
+def test_the_readme_shows_the_configuration_and_exit_codes_pgrag_has() -> None:
+    text = README.read_text()
+    assert _between(text, "config") == config_block(), (
+        "README.md's configuration table is stale: python -m tests.test_docs --update"
+    )
+    assert _between(text, "exit-codes") == exit_codes_block(), (
+        "README.md's exit codes are stale: python -m tests.test_docs --update"
+    )
+
+
 def test_every_api_function_has_a_comment_and_internals_are_underscored(
     conn: psycopg.Connection[Any],
 ) -> None:
@@ -84,14 +113,16 @@ def test_every_api_function_has_a_comment_and_internals_are_underscored(
 
 def _update() -> None:
     from pgrag import migrate
-    from pgrag.db import resolve_url
+    from pgrag.connection import resolve_url
 
     url = resolve_url(None)
     migrate.upgrade(url)
     with psycopg.connect(url) as conn:
         SEARCH_MD.write_text(_replace(SEARCH_MD.read_text(), "statement", statement_block(conn)))
         SQL_API_MD.write_text(_replace(SQL_API_MD.read_text(), "api", api_block(conn)))
-    print(f"updated {SEARCH_MD.relative_to(REPO)} and {SQL_API_MD.relative_to(REPO)}")
+    text = _replace(README.read_text(), "config", config_block())
+    README.write_text(_replace(text, "exit-codes", exit_codes_block()))
+    print(f"updated {SEARCH_MD.relative_to(REPO)}, {SQL_API_MD.relative_to(REPO)}, README.md")
 
 
 if __name__ == "__main__" and "--update" in sys.argv:

@@ -89,7 +89,7 @@ def test_order_detail_is_a_child_with_customer_context(shop: psycopg.Connection[
         "status": "shipped",
         "total": 80.0,
         "categories": ["Electronics"],
-        "has_return": False,
+        "has_returns": False,
     }
     assert documents.verify(shop) == []
 
@@ -409,7 +409,7 @@ def test_concurrent_writers_of_one_document_lose_nothing(shop_committed: str) ->
 
 
 def test_comparison_types_render_rows_apart_and_stay_in_sync(shop: psycopg.Connection[Any]) -> None:
-    from pgrag.sample_documents import declare_sample_documents
+    from pgrag.lab.sample_documents import declare_sample_documents
 
     types = declare_sample_documents(shop, recent_orders=2, comparisons=True)
     assert types == ("customer_profile", "order_detail", "table_row", "join_row")

@@ -1,4 +1,4 @@
-"""pgrag.eval.faithfulness: the offline claim check on hand-made answers, and the LLM judge
+"""pgrag.lab.eval.faithfulness: the offline claim check on hand-made answers, and the LLM judge
 through the local fake chat endpoint (tests/chat_server.py)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from pgrag.answer import Context, LLMConfig, extractive_answer
 from pgrag.errors import PgragError
-from pgrag.eval.faithfulness import (
+from pgrag.lab.eval.faithfulness import (
     JUDGE_PROMPT,
     check,
     extract_claims,

@@ -1,4 +1,4 @@
-"""pgrag.eval.metrics: hand-computed cases, and the same runs scored by ir-measures."""
+"""pgrag.lab.eval.metrics: hand-computed cases, and the same runs scored by ir-measures."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import random
 import pytest
 
 from pgrag.errors import ConfigError
-from pgrag.eval.metrics import (
+from pgrag.lab.eval.metrics import (
     Means,
     Ranking,
     dcg_at_k,

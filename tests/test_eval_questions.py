@@ -1,4 +1,4 @@
-"""pgrag.eval.questions: JSONL round trip, bad lines, and generated ground truth against SQL."""
+"""pgrag.lab.eval.questions: JSONL round trip, bad lines, and generated ground truth against SQL."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from pgrag.errors import ConfigError
-from pgrag.eval.questions import (
+from pgrag.lab.eval.questions import (
     NOT_FOUND,
     Question,
     Relevant,
@@ -25,7 +25,7 @@ from pgrag.eval.questions import (
     read_jsonl,
     write_jsonl,
 )
-from pgrag.sample import load_sample
+from pgrag.lab.sample import load_sample
 from tests.shop_fixture import load_tiny_shop
 
 

@@ -1,4 +1,4 @@
-"""pgrag.eval.runner and the eval CLI, on the tiny shop with the real default model: rankings
+"""pgrag.lab.eval.runner and the eval CLI, on the tiny shop with the real default model: rankings
 credited by the documented rule, metrics, stored rows, JSON output, errors; and the strategy
 benchmark on the tiny shop."""
 
@@ -17,11 +17,11 @@ from pgvector.psycopg import register_vector
 from pgrag.answer import LLMConfig
 from pgrag.ask import forget_catalog
 from pgrag.errors import ConfigError
-from pgrag.eval.bench import embed_type, markdown, run_strategy_bench
-from pgrag.eval.faithfulness import JUDGE_PROMPT
-from pgrag.eval.metrics import evaluate
-from pgrag.eval.questions import Question, Relevant, labels, qrels, write_jsonl
-from pgrag.eval.runner import (
+from pgrag.lab.eval.bench import embed_type, markdown, run_strategy_bench
+from pgrag.lab.eval.faithfulness import JUDGE_PROMPT
+from pgrag.lab.eval.metrics import evaluate
+from pgrag.lab.eval.questions import Question, Relevant, labels, qrels, write_jsonl
+from pgrag.lab.eval.runner import (
     SHOP_ENTITIES,
     belongs_to,
     credit,
@@ -29,7 +29,7 @@ from pgrag.eval.runner import (
     run_eval,
     store_run,
 )
-from pgrag.sample_documents import declare_sample_documents
+from pgrag.lab.sample_documents import declare_sample_documents
 from pgrag.search import SearchHit
 
 from .chat_server import ChatServer, Reply
@@ -271,7 +271,7 @@ def test_cli_eval_prints_writes_json_and_stores(shop_url: str, tmp_path: Path) -
     out = tmp_path / "out.json"
     env = {"PGRAG_DATABASE_URL": shop_url}
     r = run_pgrag(
-        "eval", str(qfile), "--k", "5", "--json", str(out), "--store", "--no-progress", env=env
+        "eval", str(qfile), "--k", "5", "--output", str(out), "--store", "--no-progress", env=env
     )
     assert r.returncode == 0, r.stderr
     assert "strategy hybrid, k = 5, parsed filters: 4 questions, 3 scored, 1 skipped" in r.stdout
@@ -283,7 +283,7 @@ def test_cli_eval_prints_writes_json_and_stores(shop_url: str, tmp_path: Path) -
     assert set(data["by_label"]) == {"complexity", "category"}
     runs = run_pgrag("eval-runs", env=env)
     assert runs.returncode == 0 and " tiny " in runs.stdout and "hybrid" in runs.stdout
-    text = run_pgrag("eval", str(qfile), "--strategy", "text", "--json", "-", env=env)
+    text = run_pgrag("eval", str(qfile), "--strategy", "text", "--json", env=env)
     assert text.returncode == 0, text.stderr
     assert json.loads(text.stdout)["strategy"] == "text"
 

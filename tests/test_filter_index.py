@@ -11,10 +11,11 @@ import numpy as np
 import psycopg
 import pytest
 
-from pgrag import filter_index, synthetic
+from pgrag import filter_index
 from pgrag import search as s
 from pgrag.db import connect
 from pgrag.errors import ConfigError, IndexBuildFailed, InvalidFilter
+from pgrag.lab import synthetic
 
 from . import search_plan
 from .conftest import run_pgrag

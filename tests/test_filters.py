@@ -2,7 +2,7 @@
 errors, and results on real rows.
 
 The SQL results are compared with ``reference_match``, an independent Python evaluation of the
-same filter, on ~50 chunks carrying the sample shop's metadata (docs/contracts.md).
+same filter, on ~50 chunks carrying the sample shop's metadata (sql/sample/shop_documents.sql).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ ORDER_SCHEMA = {
     "status": "text",
     "total": "numeric",
     "categories": "text[]",
-    "has_return": "boolean",
+    "has_returns": "boolean",
     "segment": "text",
 }
 SCHEMA = {**CUSTOMER_SCHEMA, **ORDER_SCHEMA}
@@ -87,7 +87,7 @@ def sample_rows() -> list[tuple[str, str, dict[str, Any]]]:
             "status": rnd.choice(STATUSES),
             "total": rnd.choice([rnd.randint(5, 900), round(rnd.uniform(5, 900), 2)]),
             "categories": rnd.sample(CATEGORIES, rnd.randint(1, 2)),
-            "has_return": rnd.random() < 0.3,
+            "has_returns": rnd.random() < 0.3,
             "segment": rnd.choice(SEGMENTS),
         }
         if oid % 6 == 0:
@@ -441,7 +441,7 @@ SEED_FILTERS: list[dict[str, Any]] = [
     {"categories": {"$contains": "Books"}},
     {"categories": {"$in": ["Toys", "Garden"]}, "total": {"$gte": 100, "$lt": 500.5}},
     {"$or": [{"segment": {"$ne": "VIP"}}, {"total_spent": {"$gt": 2500}}]},
-    {"$not": {"doc_type": {"$in": ["customer_profile"]}}, "has_return": False},
+    {"$not": {"doc_type": {"$in": ["customer_profile"]}}, "has_returns": False},
     {"order_ids": {"$nin": [100, 101]}, "segment": {"$in": ["New", "Dormant"]}},
     {"total": {"$gt": 1e2, "$lt": 9.5e2}, "$and": [{"segment": {"$nin": []}}]},
     {"last_order_date": {"$lt": "2024-06-30"}, "return_count": {"$gte": 2}},
@@ -481,7 +481,6 @@ VALUES: dict[str, st.SearchStrategy[Any]] = {
     "segment": st.sampled_from([*SEGMENTS, "vip"]),
     "status": st.sampled_from([*STATUSES, "lost"]),
     "has_returns": st.booleans(),
-    "has_return": st.booleans(),
     "total": st.one_of(st.integers(0, 1000), st.integers(0, 100_000).map(lambda x: x / 100)),
     "total_spent": st.integers(0, 500_000).map(lambda x: x / 100),
     "last_order_date": st.dates(dt.date(2022, 12, 1), dt.date(2025, 6, 1)).map(str),

@@ -75,7 +75,7 @@ def test_one_order_line_change_rebuilds_exactly_its_order_and_customer(northwind
 
 
 def test_northwind_questions_point_at_chunks_that_exist(northwind: str) -> None:
-    from pgrag.eval.northwind import generate_northwind_questions
+    from pgrag.lab.eval.northwind import generate_northwind_questions
 
     with psycopg.connect(northwind) as conn:
         questions = generate_northwind_questions(conn, limit_per_template=5, seed=3)

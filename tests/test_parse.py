@@ -49,7 +49,7 @@ def test_products_a_named_customer_returned() -> None:
     p = parse("What products did John Smith return?")
     assert p.customer_name == "John Smith"
     assert p.doc_types == (ORDER_DETAIL,)
-    assert p.filter == {"has_return": True}
+    assert p.filter == {"has_returns": True}
     assert p.intent == "products"
     assert not p.needs_stats
     assert {m.phrase for m in p.matched} >= {"John Smith", "return"}
@@ -295,7 +295,7 @@ def test_llm_proposal_is_validated_and_used(shop: psycopg.Connection[Any]) -> No
     assert body["model"] == "tiny-parser"
     assert body["response_format"] == {"type": "json_object"}
     system = body["messages"][0]["content"]
-    assert '"has_return": "boolean"' in system and '"Home & Kitchen"' in system
+    assert '"has_returns": "boolean"' in system and '"Home & Kitchen"' in system
     assert "Today is 2024-06-15" in system
     assert body["messages"][1] == {"role": "user", "content": "Big VIP orders: how much?"}
 

@@ -11,10 +11,10 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 
-from pgrag import sample
-from pgrag.cli_sample import sample as sample_group
+from pgrag.cli.sample import sample as sample_group
 from pgrag.errors import ConfigError, PgragError
-from pgrag.sample import SampleStats, load_sample
+from pgrag.lab import sample
+from pgrag.lab.sample import SampleStats, load_sample
 
 from .conftest import run_pgrag
 
@@ -452,7 +452,7 @@ def test_caller_connection_and_transaction(db_url: str) -> None:
 
 
 def test_cli_load(db_url: str) -> None:
-    from pgrag.cli import _State
+    from pgrag.cli.main import _State
 
     result = CliRunner().invoke(
         sample_group,
@@ -468,7 +468,7 @@ def test_cli_load(db_url: str) -> None:
 
 
 def test_cli_rejects_too_few_customers(db_url: str) -> None:
-    from pgrag.cli import _State
+    from pgrag.cli.main import _State
 
     result = CliRunner().invoke(
         sample_group, ["load", "--customers", "10", "--no-progress"], obj=_State(db_url)

@@ -14,9 +14,10 @@ import psycopg
 import pytest
 
 from pgrag import search as s
-from pgrag import synthetic
-from pgrag.embed.base import Embedder, get_embedder
+from pgrag.embed.base import Embedder
+from pgrag.embed.registry import get_embedder
 from pgrag.errors import ConfigError, DimensionMismatch, DocumentError, InvalidFilter, ModelMismatch
+from pgrag.lab import synthetic
 
 from .search_plan import plan as _plan
 from .search_plan import run_plan as _run_plan

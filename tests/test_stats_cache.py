@@ -17,10 +17,11 @@ import psycopg
 import pytest
 from psycopg.types.json import Jsonb
 
-from pgrag import migrate, stats_cache, synthetic
+from pgrag import migrate, stats_cache
 from pgrag import search as s
 from pgrag.db import connect
 from pgrag.errors import DocumentError
+from pgrag.lab import synthetic
 
 from .conftest import run_pgrag
 from .shop_fixture import load_tiny_shop

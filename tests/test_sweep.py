@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import psycopg
 
-from pgrag import sweep, synthetic
+from pgrag.lab import sweep, synthetic
 
 from .conftest import run_pgrag
 

@@ -10,9 +10,9 @@ import psycopg
 import pytest
 from pgvector.psycopg import register_vector
 
-from pgrag import synthetic
 from pgrag import tune as t
 from pgrag.errors import ConfigError, PgragError
+from pgrag.lab import synthetic
 
 from . import search_plan
 from .conftest import run_pgrag

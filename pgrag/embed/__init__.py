@@ -8,9 +8,9 @@ from pgrag.embed.base import (
     RetryPolicy,
     Vectors,
     embed_with_retry,
-    get_embedder,
 )
 from pgrag.embed.cache import QueryCache, QueryVector, content_hash, normalize_query
+from pgrag.embed.registry import get_embedder
 
 __all__ = [
     "DEFAULT_DIMENSION",

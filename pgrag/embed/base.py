@@ -8,7 +8,6 @@ model as int8 ONNX without PyTorch, and any OpenAI-compatible embeddings endpoin
 
 from __future__ import annotations
 
-import os
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,23 +16,16 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from pgrag.errors import ConfigError, EmbeddingFailed
+from pgrag.errors import EmbeddingFailed
 
 Vectors = npt.NDArray[np.float32]
 
-ENV_EMBEDDER = "PGRAG_EMBEDDER"
 #: The default model's name, shared by its PyTorch and ONNX builds: their vectors are
 #: interchangeable (cosine >= 0.999), so switching between them needs no re-embedding.
 DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_DIMENSION = 384
 #: all-MiniLM-L6-v2 reads at most 256 word pieces; longer texts are truncated.
 DEFAULT_MAX_TOKENS = 256
-
-SPEC_FORMS = (
-    "sentence-transformers (the default: all-MiniLM-L6-v2, bundled), "
-    "sentence-transformers:<local path or cached model name>, onnx (the same model, int8, no "
-    "PyTorch), onnx:<directory with model.onnx and tokenizer.json>, openai:<model>"
-)
 
 
 @runtime_checkable
@@ -158,40 +150,3 @@ def embed_with_retry(
             raise EmbedError(
                 f"{embedder.name} failed: {type(exc).__name__}: {exc}", transient=False
             ) from exc
-
-
-def get_embedder(spec: str | None = None) -> Embedder:
-    """The embedder ``spec`` names, else ``PGRAG_EMBEDDER``, else the bundled default.
-
-    Forms: ``sentence-transformers`` (or ``st``, ``all-MiniLM-L6-v2``),
-    ``sentence-transformers:<local path or cached model name>``, ``onnx``,
-    ``onnx:<directory with model.onnx and tokenizer.json>``, ``openai:<model>`` (endpoint, key
-    and dimensions from PGRAG_OPENAI_BASE_URL, OPENAI_API_KEY, PGRAG_OPENAI_DIMENSIONS).
-    """
-    raw = (spec or os.environ.get(ENV_EMBEDDER) or "sentence-transformers").strip()
-    kind, _, arg = raw.partition(":")
-    kind = kind.strip().lower()
-    arg = arg.strip()
-    if kind in {"sentence-transformers", "st", "default", "all-minilm-l6-v2"} or (
-        raw == DEFAULT_MODEL
-    ):
-        from pgrag.embed.sentence_transformers import SentenceTransformerEmbedder
-
-        if raw == DEFAULT_MODEL:
-            arg = ""
-        return SentenceTransformerEmbedder(arg or None)
-    if kind == "onnx":
-        from pgrag.embed.onnx import OnnxEmbedder
-
-        if arg.lower() in {"", "all-minilm-l6-v2", DEFAULT_MODEL.lower()}:
-            return OnnxEmbedder()
-        return OnnxEmbedder.from_directory(arg)
-    if kind == "openai":
-        from pgrag.embed.openai import OpenAIEmbedder
-
-        if not arg:
-            raise ConfigError(
-                f"embedder {raw!r} names no model: use e.g. openai:text-embedding-3-small"
-            )
-        return OpenAIEmbedder.from_env(arg)
-    raise ConfigError(f"unknown embedder {raw!r}: use one of {SPEC_FORMS}")

@@ -13,20 +13,22 @@ the vector came from.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
-import os
 import threading
 import time
 import unicodedata
 from collections import OrderedDict
+from collections.abc import Generator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import psycopg
 
+from pgrag import config
 from pgrag.embed.base import QUERY_RETRY, Embedder, RetryPolicy, Vectors, embed_with_retry
 
 # Before revision 0009 the caller chose the shared cache's TTL; it is the server's setting now.
@@ -65,7 +67,7 @@ class QueryVector:
 
 @functools.cache
 def _warn_old_ttl_setting() -> None:
-    if os.environ.get(ENV_QUERY_CACHE_TTL):
+    if config.env(ENV_QUERY_CACHE_TTL):
         _log.warning(
             "%s is ignored: the shared query cache's TTL is the server's setting; set it with "
             "update pgrag.settings set query_cache_ttl = '7 days' (docs/embeddings.md)",
@@ -141,7 +143,9 @@ class QueryCache:
         vector.setflags(write=False)
         return vector
 
-    def embed(self, conn: psycopg.Connection[Any], question: str) -> QueryVector:
+    def _steps(self, question: str) -> Generator[_Step, Any, QueryVector]:
+        """A lookup without I/O: it yields the statements and the model call it needs and is
+        sent their results; ``embed`` and ``aembed`` drive it (one body for both)."""
         started = time.perf_counter()
         normalized = normalize_query(question)
         params = self._params(normalized)
@@ -149,46 +153,71 @@ class QueryCache:
         vector = self._memory_get(key)
         if vector is not None:
             return QueryVector(vector, self.embedder.name, "memory", _since(started))
-        row = conn.execute(self.GET, params).fetchone()
+        row = yield _Get(params)
         if row is not None and row[0] is not None:
             vector = _frozen(row[0])
             self._memory_put(key, vector)
             return QueryVector(vector, self.embedder.name, "database", _since(started))
-        vector = self._compute(normalized)
-        try:  # a savepoint inside the caller's transaction: a failed write fails nothing else
-            with conn.transaction():
-                conn.execute(self.PUT, {**params, "query": normalized, "vec": vector.tolist()})
-        except psycopg.Error:
-            pass  # e.g. a read-only standby: the vector is still right, just not shared
+        vector = yield _Compute(normalized)
+        # a savepoint inside the caller's transaction: a failed write fails nothing else (e.g. a
+        # read-only standby: the vector is still right, just not shared)
+        yield _Put({**params, "query": normalized, "vec": vector.tolist()})
         self._memory_put(key, vector)
         return QueryVector(vector, self.embedder.name, "model", _since(started))
+
+    def embed(self, conn: psycopg.Connection[Any], question: str) -> QueryVector:
+        steps = self._steps(question)
+        try:
+            step = next(steps)
+            while True:
+                if isinstance(step, _Get):
+                    step = steps.send(conn.execute(self.GET, step.params).fetchone())
+                elif isinstance(step, _Compute):
+                    step = steps.send(self._compute(step.normalized))
+                else:
+                    with contextlib.suppress(psycopg.Error), conn.transaction():
+                        conn.execute(self.PUT, step.params)
+                    step = next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
     async def aembed(self, conn: psycopg.AsyncConnection[Any], question: str) -> QueryVector:
         import asyncio
 
-        started = time.perf_counter()
-        normalized = normalize_query(question)
-        params = self._params(normalized)
-        key = params["hash"]
-        vector = self._memory_get(key)
-        if vector is not None:
-            return QueryVector(vector, self.embedder.name, "memory", _since(started))
-        cur = await conn.execute(self.GET, params)
-        row = await cur.fetchone()
-        if row is not None and row[0] is not None:
-            vector = _frozen(row[0])
-            self._memory_put(key, vector)
-            return QueryVector(vector, self.embedder.name, "database", _since(started))
-        vector = await asyncio.to_thread(self._compute, normalized)
+        steps = self._steps(question)
         try:
-            async with conn.transaction():
-                await conn.execute(
-                    self.PUT, {**params, "query": normalized, "vec": vector.tolist()}
-                )
-        except psycopg.Error:
-            pass
-        self._memory_put(key, vector)
-        return QueryVector(vector, self.embedder.name, "model", _since(started))
+            step = next(steps)
+            while True:
+                if isinstance(step, _Get):
+                    cur = await conn.execute(self.GET, step.params)
+                    step = steps.send(await cur.fetchone())
+                elif isinstance(step, _Compute):
+                    step = steps.send(await asyncio.to_thread(self._compute, step.normalized))
+                else:
+                    with contextlib.suppress(psycopg.Error):
+                        async with conn.transaction():
+                            await conn.execute(self.PUT, step.params)
+                    step = next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class _Get:  # look the question up in pgrag.query_cache; sent the row
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Compute:  # embed it with the model; sent the vector
+    normalized: str
+
+
+@dataclass(frozen=True)
+class _Put:  # share it (best effort); sent nothing
+    params: dict[str, Any]
+
+
+_Step = _Get | _Compute | _Put
 
 
 def _frozen(values: Any) -> Vectors:

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from pgrag import config
 from pgrag.embed.base import EmbedError, Vectors, check_vectors
 from pgrag.errors import ConfigError, MissingDependency
 
@@ -34,7 +35,7 @@ KNOWN_DIMENSIONS = {
 
 
 def _env_int(name: str) -> int | None:
-    raw = os.environ.get(name)
+    raw = config.env(name)
     if not raw:
         return None
     try:
@@ -83,8 +84,8 @@ class OpenAIEmbedder:
 
     @classmethod
     def from_env(cls, model: str) -> OpenAIEmbedder:
-        base_url = os.environ.get(ENV_BASE_URL) or os.environ.get("OPENAI_BASE_URL") or None
-        api_key = os.environ.get(ENV_API_KEY) or os.environ.get("OPENAI_API_KEY") or None
+        base_url = config.env(ENV_BASE_URL) or os.environ.get("OPENAI_BASE_URL") or None
+        api_key = config.env(ENV_API_KEY) or os.environ.get("OPENAI_API_KEY") or None
         return cls(
             model,
             base_url=base_url,

@@ -40,7 +40,7 @@ select i.order_item_id as source_key,
        jsonb_build_object('customer_id', c.customer_id, 'segment', c.segment,
                           'order_id', o.order_id, 'order_date', o.order_date::text,
                           'status', o.status, 'category', p.category,
-                          'has_return', i.return_status <> 'none') as metadata
+                          'has_returns', i.return_status <> 'none') as metadata
 from shop.order_items i
 join shop.orders o on o.order_id = i.order_id
 join shop.customers c on c.customer_id = o.customer_id
@@ -76,5 +76,5 @@ select pgrag.declare_document(
     ),
     null,
     '{"customer_id": "integer", "segment": "text", "order_id": "integer", "order_date": "date",
-      "status": "text", "category": "text", "has_return": "boolean"}'
+      "status": "text", "category": "text", "has_returns": "boolean"}'
 );

@@ -30,7 +30,7 @@ select o.order_id,
        count(i.order_item_id) as item_count,
        coalesce(array_agg(distinct p.category order by p.category)
                     filter (where p.category is not null), '{}') as categories,
-       coalesce(bool_or(i.return_status <> 'none'), false) as has_return,
+       coalesce(bool_or(i.return_status <> 'none'), false) as has_returns,
        coalesce(string_agg(
            format('%s x%s at $%s%s', p.name, i.quantity, i.unit_price,
                   case i.return_status when 'none' then ''
@@ -129,7 +129,7 @@ select o.order_id as source_key,
                   o.order_id, c.name, c.customer_id, c.segment, o.order_date, o.status,
                   to_char(o.total, 'FM999,999,990.00')),
            format('Items: %s.', o.items_text),
-           case when o.has_return then 'This order has returned items.' end
+           case when o.has_returns then 'This order has returned items.' end
        ) as text,
        jsonb_build_object(
            'order_id', o.order_id,
@@ -140,7 +140,7 @@ select o.order_id as source_key,
            'status', o.status,
            'total', o.total,
            'categories', to_jsonb(o.categories),
-           'has_return', o.has_return
+           'has_returns', o.has_returns
        ) as metadata
 from shop.order_summary o
 join shop.customers c on c.customer_id = o.customer_id;
@@ -183,5 +183,5 @@ select pgrag.declare_document(
     'customer_profile',
     '{"order_id": "integer", "customer_id": "integer", "customer_name": "text", "segment": "text",
       "order_date": "date", "status": "text", "total": "numeric", "categories": "text[]",
-      "has_return": "boolean"}'
+      "has_returns": "boolean"}'
 );

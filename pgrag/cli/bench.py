@@ -1,6 +1,6 @@
 """``pgrag bench``: benchmarks that write their results into the docs.
 
-Registered on the main group by ``pgrag/cli.py``.
+Registered on the main group by ``pgrag/cli/main.py``.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from pgrag.cli_common import CONTEXT_SETTINGS, url_of
+from pgrag.cli.options import CONTEXT_SETTINGS, url_of
 
 
 @click.group("bench", context_settings=CONTEXT_SETTINGS)
@@ -18,7 +18,7 @@ def bench() -> None:
 
 
 def _add_strategies() -> None:
-    from pgrag.cli_eval import bench_strategies
+    from pgrag.cli.eval import bench_strategies
 
     bench.add_command(bench_strategies)
 
@@ -40,12 +40,14 @@ _add_strategies()
 @click.option("-k", "k", type=click.IntRange(1, 1000), default=10, show_default=True)
 @click.option("--reload", is_flag=True, help="Reload the synthetic chunks even if present.")
 @click.option(
+    "--output-dir",
     "--out",
     "out_dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=Path("docs"),
     show_default=True,
-    help="Writes search-sweep.md and img/search-sweep-<rows>.png here.",
+    help="Writes search-sweep.md and img/search-sweep-<rows>.png here (--out: the same, "
+    "deprecated).",
 )
 @click.option(
     "--hnsw-m",
@@ -86,8 +88,8 @@ def bench_search(
     created and migrated on first use, reused after). Loading 1,000,000 chunks and building
     their HNSW index takes tens of minutes on 2 cores; the sweep itself, minutes.
     """
-    from pgrag.cli_common import rebuild_progress
-    from pgrag.sweep import cache_warnings, run
+    from pgrag.cli.options import rebuild_progress
+    from pgrag.lab.sweep import cache_warnings, run
 
     command = "pgrag bench search " + " ".join(f"--rows {n}" for n in sizes)
     out_name = "search-sweep.md"

@@ -2,8 +2,8 @@
 
 ``run_eval(conn, questions, strategy)`` asks every question, turns each strategy's hits into a
 ranking of the question set's doc ids (the credit rule below), scores it with
-``pgrag.eval.metrics.evaluate``, builds an answer from the top hits (extractive, or through the
-configured LLM) and checks it with ``pgrag.eval.faithfulness``. ``store_run(conn, result)``
+``pgrag.lab.eval.metrics.evaluate``, builds an answer from the top hits (extractive, or through the
+configured LLM) and checks it with ``pgrag.lab.eval.faithfulness``. ``store_run(conn, result)``
 inserts the result into ``pgrag.eval_runs``; ``list_runs`` reads them back.
 
 Strategies (``STRATEGIES``):
@@ -49,9 +49,9 @@ from psycopg.types.json import Jsonb
 from pgrag import migrate
 from pgrag.answer import Context, LLMConfig, answer
 from pgrag.errors import ConfigError, mapped_database_errors
-from pgrag.eval.faithfulness import Verdict, check, judge
-from pgrag.eval.metrics import METRICS, Means, QueryScores, Report, evaluate
-from pgrag.eval.questions import Question, dumps_jsonl, labels, qrels
+from pgrag.lab.eval.faithfulness import Verdict, check, judge
+from pgrag.lab.eval.metrics import METRICS, Means, QueryScores, Report, evaluate
+from pgrag.lab.eval.questions import Question, dumps_jsonl, labels, qrels
 from pgrag.parse import CUSTOMER_PROFILE, ORDER_DETAIL
 from pgrag.search import Mode, SearchHit
 

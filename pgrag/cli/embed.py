@@ -1,6 +1,6 @@
 """``pgrag embed``, ``pgrag worker``, ``pgrag reembed``: parse, call pgrag.worker, print.
 
-Registered on the main group by ``pgrag/cli.py`` (``cli.add_command``); ``COMMANDS`` lists them.
+Registered on the main group by ``pgrag.cli.main``.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 
 import click
 
-from pgrag.cli_common import url_of
-from pgrag.embed.base import ENV_EMBEDDER, Embedder
+from pgrag.cli.options import embedder_option, url_of
+from pgrag.embed.base import Embedder
 from pgrag.errors import EmbeddingFailed
 from pgrag.worker import (
     DEFAULT_BATCH_SIZE,
@@ -25,31 +25,15 @@ from pgrag.worker import (
     Worker,
 )
 
-MODEL_HELP = (
-    "Embedder: sentence-transformers (default, all-MiniLM-L6-v2 bundled), "
-    "sentence-transformers:PATH, onnx (same model, no PyTorch), onnx:DIR, openai:MODEL. "
-    "Env: PGRAG_EMBEDDER."
-)
 SHOWN_FAILURES = 5
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _embedder(spec: str | None) -> Embedder:
-    from pgrag.embed.base import get_embedder
+    from pgrag.embed.registry import get_embedder
 
     return get_embedder(spec)
-
-
-def _model_option(required: bool = False) -> Callable[[F], F]:
-    return click.option(
-        "--model",
-        "model_spec",
-        metavar="SPEC",
-        envvar=ENV_EMBEDDER,
-        required=required,
-        help=MODEL_HELP,
-    )
 
 
 def _batch_option() -> Callable[[F], F]:
@@ -111,18 +95,20 @@ def _report_failures(worker: Worker, result: DrainResult, given_up: int) -> None
 
 
 @click.command("embed")
-@_model_option()
+@embedder_option()
 @_batch_option()
 @click.option("--retry-failed", is_flag=True, help="Forget recorded failures and try them again.")
 @click.pass_context
-def embed(ctx: click.Context, model_spec: str | None, batch_size: int, retry_failed: bool) -> None:
+def embed(
+    ctx: click.Context, embedder_spec: str | None, batch_size: int, retry_failed: bool
+) -> None:
     """Embed every chunk waiting for a vector, with a progress bar, then exit.
 
     Exits 9 if some chunks could not be embedded (they are listed), 5 if the model is not the
     one that made this store's vectors (see `pgrag reembed`).
     """
     url = url_of(ctx)
-    embedder = _embedder(model_spec)
+    embedder = _embedder(embedder_spec)
     stop = threading.Event()
     with Worker(url, embedder, batch_size=batch_size, stop=stop) as worker, StopOnSignals(stop):
         worker.check()
@@ -141,7 +127,7 @@ def embed(ctx: click.Context, model_spec: str | None, batch_size: int, retry_fai
 
 
 @click.command("worker")
-@_model_option()
+@embedder_option()
 @_batch_option()
 @click.option(
     "--poll",
@@ -153,7 +139,7 @@ def embed(ctx: click.Context, model_spec: str | None, batch_size: int, retry_fai
     "once; the worker looks again right after each batch).",
 )
 @click.pass_context
-def worker(ctx: click.Context, model_spec: str | None, batch_size: int, poll_s: float) -> None:
+def worker(ctx: click.Context, embedder_spec: str | None, batch_size: int, poll_s: float) -> None:
     """Keep rendering and embedding: wake on NOTIFY (pgrag_render, pgrag_chunks), render the
     documents waiting in the render queue, then embed what changed.
 
@@ -162,7 +148,7 @@ def worker(ctx: click.Context, model_spec: str | None, batch_size: int, poll_s: 
     failover) is retried with backoff, 1 s doubling to 60 s, for as long as it takes.
     """
     url = url_of(ctx)
-    embedder = _embedder(model_spec)
+    embedder = _embedder(embedder_spec)
     stop = threading.Event()
     with Worker(url, embedder, batch_size=batch_size, stop=stop) as w, StopOnSignals(stop):
         w.check()
@@ -204,7 +190,7 @@ def worker(ctx: click.Context, model_spec: str | None, batch_size: int, poll_s: 
 
 
 @click.command("reembed")
-@_model_option(required=True)
+@embedder_option(required=True)
 @_batch_option()
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @click.option(
@@ -214,7 +200,7 @@ def worker(ctx: click.Context, model_spec: str | None, batch_size: int, poll_s: 
 )
 @click.pass_context
 def reembed(
-    ctx: click.Context, model_spec: str, batch_size: int, yes: bool, no_embed: bool
+    ctx: click.Context, embedder_spec: str, batch_size: int, yes: bool, no_embed: bool
 ) -> None:
     """Switch the store to another model: drop every vector, then embed every chunk again.
 
@@ -222,7 +208,7 @@ def reembed(
     fewer chunks until the re-embedding is done.
     """
     url = url_of(ctx)
-    embedder = _embedder(model_spec)
+    embedder = _embedder(embedder_spec)
     if not yes:
         click.confirm(
             f"drop every vector and re-embed with {embedder.name} ({embedder.dimension} d)?",

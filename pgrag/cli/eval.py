@@ -1,7 +1,7 @@
 """``pgrag eval``, ``pgrag eval-runs``, ``pgrag eval-questions`` and ``bench strategies``.
 
-Registered on the main group by ``pgrag/cli.py`` (``cli.add_command``); ``COMMANDS`` lists
-them; ``bench_strategies`` joins the ``pgrag bench`` group of ``pgrag/cli_bench.py``.
+Registered on the main group by ``pgrag/cli/main.py`` (``cli.add_command``); ``COMMANDS`` lists
+them; ``bench_strategies`` joins the ``pgrag bench`` group of ``pgrag/cli/bench.py``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,16 @@ from typing import Any
 
 import click
 
-from pgrag.cli_common import CONTEXT_SETTINGS, url_of
-from pgrag.embed.base import ENV_EMBEDDER
+from pgrag.cli.options import (
+    CONTEXT_SETTINGS,
+    customers_option,
+    embedder_option,
+    json_option,
+    no_progress_option,
+    output_option,
+    seed_option,
+    url_of,
+)
 
 
 def _bar(desc: str, total: int, enabled: bool = True) -> Any:
@@ -130,9 +138,8 @@ def print_result(result: Any) -> None:
     metavar="TYPE",
     help="Search only this document type (repeatable; overrides the strategy's types).",
 )
-@click.option(
-    "--json", "json_out", metavar="OUT", help="Write the whole result as JSON (- for stdout)."
-)
+@json_option("Print the whole result as JSON.")
+@output_option("Write the whole result as JSON to FILE.")
 @click.option("--store", is_flag=True, help="Insert the run into pgrag.eval_runs.")
 @click.option(
     "--llm/--no-llm",
@@ -142,14 +149,11 @@ def print_result(result: Any) -> None:
     help="Answer and judge with the chat endpoint in PGRAG_LLM_MODEL / PGRAG_LLM_BASE_URL when "
     "set (else extractive answers, offline check only).",
 )
-@click.option(
-    "--model",
-    "model_spec",
-    metavar="SPEC",
-    envvar=ENV_EMBEDDER,
-    help="Embedder of the questions (must be the store's model). Env: PGRAG_EMBEDDER.",
+@embedder_option(
+    help="Embedder of the questions (must be the store's model). Env: PGRAG_EMBEDDER."
+    " (--model: the same, deprecated.)"
 )
-@click.option("--no-progress", is_flag=True, help="Do not show a progress bar.")
+@no_progress_option()
 @click.pass_context
 def eval_command(
     ctx: click.Context,
@@ -158,10 +162,11 @@ def eval_command(
     strategy: str,
     filters: bool,
     doc_types: tuple[str, ...],
-    json_out: str | None,
+    as_json: bool,
+    output: Path | None,
     store: bool,
     use_llm: bool,
-    model_spec: str | None,
+    embedder_spec: str | None,
     no_progress: bool,
 ) -> None:
     """Run a labelled question set (JSONL) through a retrieval strategy and score it.
@@ -170,10 +175,11 @@ def eval_command(
     category), retrieval latency and the faithfulness of the answers. Make a question set with
     `pgrag eval-questions`.
     """
+    json_out = "-" if as_json else (None if output is None else str(output))
     from pgrag.answer import LLMConfig
     from pgrag.db import connect
-    from pgrag.eval.questions import read_jsonl
-    from pgrag.eval.runner import get_strategy, run_eval, sha256_of, store_run
+    from pgrag.lab.eval.questions import read_jsonl
+    from pgrag.lab.eval.runner import get_strategy, run_eval, sha256_of, store_run
 
     strat = get_strategy(strategy)  # before reading the file or starting anything
     path = Path(questions_file)
@@ -194,7 +200,7 @@ def eval_command(
                 question_set=path.stem,
                 question_set_sha256=sha256_of(path),
                 llm=llm,
-                embedder=None if strat.mode == "text" else model_spec,
+                embedder=None if strat.mode == "text" else embedder_spec,
                 progress=lambda _done, _total: bar.update(1),
             )
             bar.close()
@@ -217,14 +223,14 @@ def eval_command(
     "--limit", type=click.IntRange(1, 100_000), default=20, show_default=True,
     help="Newest runs to show.",
 )  # fmt: skip
-@click.option("--json", "as_json", is_flag=True, help="Print JSON lines, one run each.")
+@json_option("Print JSON lines, one run each.")
 @click.pass_context
 def eval_runs(
     ctx: click.Context, question_set: str | None, strategy: str | None, limit: int, as_json: bool
 ) -> None:
     """List stored evaluation runs (pgrag.eval_runs), newest first."""
     from pgrag.db import connect
-    from pgrag.eval.runner import list_runs
+    from pgrag.lab.eval.runner import list_runs
 
     with connect(url_of(ctx)) as client:
         client.require_schema()
@@ -265,7 +271,7 @@ def eval_runs(
 )
 @click.option("--limit-per-template", type=click.IntRange(1, 10_000), default=20, show_default=True,
               help="Questions per template (type: questions per document type).")  # fmt: skip
-@click.option("--seed", type=int, default=42, show_default=True, help="Sample and wording seed.")
+@seed_option(42, "Sample and wording seed.")
 @click.option("--doc-type", "doc_types", multiple=True, metavar="TYPE",
               help="--set type: the document types to ask about (repeatable).")  # fmt: skip
 @click.pass_context
@@ -280,8 +286,8 @@ def eval_questions(
     """Generate a labelled question set with SQL ground truth and write it as JSONL."""
     from pgrag.db import connect
     from pgrag.errors import ConfigError
-    from pgrag.eval.northwind import generate_northwind_questions
-    from pgrag.eval.questions import (
+    from pgrag.lab.eval.northwind import generate_northwind_questions
+    from pgrag.lab.eval.questions import (
         generate_shop_questions,
         generate_type_questions,
         write_jsonl,
@@ -316,11 +322,8 @@ def eval_questions(
 
 
 @click.command("strategies", context_settings=CONTEXT_SETTINGS)
-@click.option(
-    "--customers", type=click.IntRange(200, 100_000), default=200, show_default=True,
-    help="Sample shop size (about 10 orders and 27 order items per customer).",
-)  # fmt: skip
-@click.option("--seed", type=int, default=42, show_default=True, help="Sample and question seed.")
+@customers_option(help="Sample shop size (27 order items per customer).")
+@seed_option(42, "Sample and question seed.")
 @click.option(
     "--limit-per-template", type=click.IntRange(1, 10_000), default=20, show_default=True,
     help="Questions per question template.",
@@ -337,18 +340,14 @@ def eval_questions(
     "--reuse", is_flag=True,
     help="Keep the loaded shop and its chunks if it has --customers customers (no reload).",
 )  # fmt: skip
-@click.option(
-    "--json", "json_out", metavar="OUT", help="Also write the results as JSON (- for stdout)."
-)
+@json_option("Print the results as JSON.")
+@output_option("Also write the results as JSON to FILE.")
 @click.option("--questions-out", metavar="FILE", help="Write the generated question set (JSONL).")
-@click.option(
-    "--model",
-    "model_spec",
-    metavar="SPEC",
-    envvar=ENV_EMBEDDER,
-    help="Embedder (default: the bundled all-MiniLM-L6-v2). Env: PGRAG_EMBEDDER.",
+@embedder_option(
+    help="Embedder (default: the bundled all-MiniLM-L6-v2). Env: PGRAG_EMBEDDER."
+    " (--model: the same, deprecated.)"
 )
-@click.option("--no-progress", is_flag=True, help="Do not show progress bars.")
+@no_progress_option()
 @click.pass_context
 def bench_strategies(
     ctx: click.Context,
@@ -357,9 +356,10 @@ def bench_strategies(
     limit_per_template: int,
     strategies: tuple[str, ...],
     reuse: bool,
-    json_out: str | None,
+    as_json: bool,
+    output: Path | None,
     questions_out: str | None,
-    model_spec: str | None,
+    embedder_spec: str | None,
     no_progress: bool,
 ) -> None:
     """Compare chunking strategies on the sample shop: table rows, JOIN rows, profiles,
@@ -369,9 +369,10 @@ def bench_strategies(
     type once, generates the shop's question set and prints a markdown table: P/R/F1/hit rate
     at 5, MRR, nDCG@10, latency, chunks, index time, faithfulness of extractive answers.
     """
-    from pgrag.eval.bench import BENCH_STRATEGIES, markdown, run_strategy_bench
-    from pgrag.eval.questions import write_jsonl
-    from pgrag.eval.runner import get_strategy
+    json_out = "-" if as_json else (None if output is None else str(output))
+    from pgrag.lab.eval.bench import BENCH_STRATEGIES, markdown, run_strategy_bench
+    from pgrag.lab.eval.questions import write_jsonl
+    from pgrag.lab.eval.runner import get_strategy
 
     for name in strategies:
         get_strategy(name)
@@ -387,7 +388,7 @@ def bench_strategies(
         limit_per_template=limit_per_template,
         strategies=list(strategies) or list(BENCH_STRATEGIES),
         reuse=reuse,
-        embedder=model_spec,
+        embedder=embedder_spec,
         say=say,
         bar=None if no_progress else (lambda desc, total: _bar(desc, total)),
         questions_out=(lambda qs: write_jsonl(questions_out, qs)) if questions_out else None,
@@ -398,4 +399,4 @@ def bench_strategies(
         click.echo(markdown(result), nl=False)
 
 
-COMMANDS = (eval_command, eval_runs, eval_questions)  # bench_strategies: pgrag/cli_bench.py
+COMMANDS = (eval_command, eval_runs, eval_questions)  # bench_strategies: pgrag/cli/bench.py

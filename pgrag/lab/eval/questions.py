@@ -85,7 +85,7 @@ class Question:
 
 
 def qrels(questions: Iterable[Question]) -> dict[str, dict[str, int]]:
-    """Relevance judgments for pgrag.eval.metrics: every listed chunk has grade 1."""
+    """Relevance judgments for pgrag.lab.eval.metrics: every listed chunk has grade 1."""
     return {q.id: {r.doc_id: 1 for r in q.relevant} for q in questions}
 
 

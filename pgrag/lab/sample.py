@@ -452,7 +452,7 @@ def load_sample(
     validate(customers, seed)
     if isinstance(url_or_conn, psycopg.Connection):
         return _load(url_or_conn, customers, seed, progress)
-    from pgrag.db import connect_once
+    from pgrag.connection import connect_once
 
     with connect_once(url_or_conn) as conn:
         return _load(conn, customers, seed, progress)

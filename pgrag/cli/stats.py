@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pgrag.cli_common import CONTEXT_SETTINGS, url_of
+from pgrag.cli.options import CONTEXT_SETTINGS, url_of
 
 
 @click.group("stats-cache", context_settings=CONTEXT_SETTINGS)

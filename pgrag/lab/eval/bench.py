@@ -1,5 +1,5 @@
 """The chunking-strategy benchmark (``pgrag bench strategies``): one sample shop, five ways to
-retrieve from it, one question set, the same credit rule (pgrag/eval/runner.py).
+retrieve from it, one question set, the same credit rule (pgrag/lab/eval/runner.py).
 
 ``run_strategy_bench(url)`` loads the sample shop with the comparison document types
 (``table_row``, ``join_row``; sql/sample/shop_comparison_documents.sql), renders and embeds
@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from pgrag.errors import mapped_database_errors
-from pgrag.eval.metrics import Report, evaluate
-from pgrag.eval.questions import Question, generate_shop_questions, labels, qrels
-from pgrag.eval.runner import (
+from pgrag.lab.eval.metrics import Report, evaluate
+from pgrag.lab.eval.questions import Question, generate_shop_questions, labels, qrels
+from pgrag.lab.eval.runner import (
     STRATEGIES,
     EvalResult,
     Strategy,
@@ -76,7 +76,7 @@ class StrategyBench:
     ceiling: Report | None = None  # a perfect ranking at 5: the relevant documents first
 
     def to_json(self) -> dict[str, Any]:
-        from pgrag.eval.runner import by_label_json
+        from pgrag.lab.eval.runner import by_label_json
 
         return {
             "customers": self.customers,
@@ -193,10 +193,10 @@ def run_strategy_bench(
     """
     from pgrag import migrate
     from pgrag.ask import forget_catalog
-    from pgrag.db import connect_once
-    from pgrag.embed.base import get_embedder
-    from pgrag.sample import load_sample, validate
-    from pgrag.sample_documents import declare_sample_documents
+    from pgrag.connection import connect_once
+    from pgrag.embed.registry import get_embedder
+    from pgrag.lab.sample import load_sample, validate
+    from pgrag.lab.sample_documents import declare_sample_documents
     from pgrag.search import query_cache_for
 
     if load is None:
@@ -313,7 +313,7 @@ def _ticker(bar: Any) -> Callable[[int, int], None] | None:
 
 
 def _unknown(name: str) -> Strategy:
-    from pgrag.eval.runner import get_strategy
+    from pgrag.lab.eval.runner import get_strategy
 
     return get_strategy(name)  # raises ConfigError naming the known strategies
 

@@ -1,6 +1,6 @@
 """Evaluation: retrieval metrics (``metrics``) and labelled question sets (``questions``)."""
 
-from pgrag.eval.metrics import (
+from pgrag.lab.eval.metrics import (
     Means,
     QueryScores,
     Report,
@@ -12,7 +12,7 @@ from pgrag.eval.metrics import (
     recall_at_k,
     reciprocal_rank,
 )
-from pgrag.eval.questions import (
+from pgrag.lab.eval.questions import (
     Question,
     Relevant,
     generate_shop_questions,

@@ -1,9 +1,6 @@
-"""The ``pgrag`` command: parses arguments, calls the library, prints.
-
-Exit codes: 0 success; 1 any other error; 2 bad usage or configuration; 3 the server is
-unreachable, cannot start or lacks pgvector; 4 the database is not migrated; 5 an embedding
-dimension or model mismatch; 6 a document declaration or render error; 7 an invalid filter; 8 a
-missing optional dependency; 9 the embedder failed after its retries; 130 interrupted.
+"""The ``pgrag`` group: its global options, the error handling every command shares (one line,
+the exit code of ``pgrag.errors.EXIT_CODES``), ``server``, ``db``, ``documents`` and
+``status``; the other command modules register on it (``_register_subcommands``).
 """
 
 from __future__ import annotations
@@ -17,8 +14,8 @@ import click
 import psycopg
 
 from pgrag import config, migrate
-from pgrag.cli_common import CONTEXT_SETTINGS, print_rebuild, rebuild_progress
-from pgrag.errors import PgragError, ServerError
+from pgrag.cli.options import CONTEXT_SETTINGS, print_rebuild, rebuild_progress
+from pgrag.errors import EXIT_CODES, PgragError, ServerError
 
 if TYPE_CHECKING:
     from pgrag.documents import Mismatch
@@ -47,7 +44,7 @@ class _State:
     database_url: str | None
 
     def url(self) -> str:
-        from pgrag.db import resolve_url
+        from pgrag.connection import resolve_url
 
         return resolve_url(self.database_url)
 
@@ -70,6 +67,9 @@ def cli(ctx: click.Context, database_url: str | None) -> None:
     if database_url:
         config.validate_url(database_url)
     ctx.obj = _State(database_url or None)
+
+
+cli.epilog = "\b\nExit codes:\n" + "\n".join(f"{code:>5}  {what}" for code, what in EXIT_CODES)
 
 
 # ---------------------------------------------------------------- server
@@ -311,7 +311,7 @@ def documents_declare(
     except json.JSONDecodeError as exc:
         raise click.BadParameter(f"--metadata-schema is not JSON ({exc})") from None
     watch_map = dict(_parse_watch(w) for w in watches)
-    with connect(state.database_url) as client:
+    with connect(state.url()) as client:
         client.require_schema()
         client.declare_document(
             name, source, watch_map, parent=parent, metadata_schema=schema, sync=sync
@@ -332,7 +332,7 @@ def documents_sync(state: _State, name: str, mode: Any) -> None:
     """
     from pgrag.db import connect
 
-    with connect(state.database_url) as client:
+    with connect(state.url()) as client:
         client.require_schema()
         client.set_sync(name, mode)
     click.echo(f"{name}: rendered " + ("at commit" if mode == "commit" else "by the worker"))
@@ -346,7 +346,7 @@ def documents_drop(state: _State, name: str, keep_chunks: bool) -> None:
     """Drop document type NAME: its triggers, generated view and chunks; nothing else."""
     from pgrag.db import connect
 
-    with connect(state.database_url) as client:
+    with connect(state.url()) as client:
         client.require_schema()
         n = client.drop_document(name, keep_chunks=keep_chunks)
         click.echo(f"dropped {name} ({n} chunks removed)")
@@ -358,7 +358,7 @@ def documents_list(state: _State) -> None:
     """List the declared document types, their sources, parents, watched tables and chunks."""
     from pgrag.db import connect
 
-    with connect(state.database_url) as client:
+    with connect(state.url()) as client:
         client.require_schema()
         types = client.document_types()
     if not types:
@@ -383,7 +383,7 @@ def rebuild(state: _State, doc_type: str | None) -> None:
     """
     from pgrag.db import connect
 
-    with connect(state.database_url) as client:
+    with connect(state.url()) as client:
         client.require_schema()
         print_rebuild(client.rebuild(doc_type, progress=rebuild_progress()))
 
@@ -396,7 +396,7 @@ def verify(state: _State, doc_type: str | None, limit: int) -> None:
     """Compare the declared document views with the stored chunks; exit 1 on any mismatch."""
     from pgrag.db import connect
 
-    with connect(state.database_url) as client:
+    with connect(state.url()) as client:
         client.require_schema()
         problems = client.verify(doc_type)
     if not problems:
@@ -440,6 +440,12 @@ def verify_advice(problems: list[Mismatch]) -> str:
     return "; ".join(advice)
 
 
+# `pgrag documents rebuild` and `pgrag documents verify`; `pgrag rebuild` and `pgrag verify`
+# stay as aliases (the same commands, registered twice).
+documents.add_command(rebuild)
+documents.add_command(verify)
+
+
 # ---------------------------------------------------------------- status
 
 
@@ -448,9 +454,10 @@ def verify_advice(problems: list[Mismatch]) -> str:
 def status(state: _State) -> None:
     """Show the database, its revision, the embedding settings, chunk counts, and the render
     queue (entries, lag, documents that failed to render)."""
-    from pgrag.db import connect, describe_target
+    from pgrag.connection import describe_target
+    from pgrag.db import connect
 
-    with connect(state.database_url) as client:
+    with connect(state.url()) as client:
         st = client.status()
         click.echo(f"database:   {describe_target(client.url)}")
         click.echo(f"revision:   {migrate.current(client.url)}")
@@ -480,13 +487,13 @@ def status(state: _State) -> None:
 
 
 def _register_subcommands() -> None:
-    from pgrag.cli_bench import bench
-    from pgrag.cli_embed import embed, reembed, worker
-    from pgrag.cli_eval import COMMANDS as EVAL_COMMANDS
-    from pgrag.cli_index import filter_index
-    from pgrag.cli_sample import sample
-    from pgrag.cli_search import ask, demo, search, tune
-    from pgrag.cli_stats import stats_cache
+    from pgrag.cli.bench import bench
+    from pgrag.cli.embed import embed, reembed, worker
+    from pgrag.cli.eval import COMMANDS as EVAL_COMMANDS
+    from pgrag.cli.index import filter_index
+    from pgrag.cli.sample import sample
+    from pgrag.cli.search import ask, demo, search, tune
+    from pgrag.cli.stats import stats_cache
 
     for command in (
         sample,

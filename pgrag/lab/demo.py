@@ -50,11 +50,12 @@ def run_demo(
 ) -> list[AskResult]:
     """Run the whole demo on ``url``; ``say`` gets progress lines, ``show`` each answer."""
     from pgrag import migrate
-    from pgrag.ask import ask, forget_catalog
-    from pgrag.db import connect, connect_once, describe_target
-    from pgrag.embed.base import get_embedder
-    from pgrag.sample import load_sample
-    from pgrag.sample_documents import declare_sample_documents
+    from pgrag.ask import forget_catalog
+    from pgrag.connection import connect_once, describe_target
+    from pgrag.db import connect
+    from pgrag.embed.registry import get_embedder
+    from pgrag.lab.sample import load_sample
+    from pgrag.lab.sample_documents import declare_sample_documents
     from pgrag.search import query_cache_for
     from pgrag.worker import Worker
 
@@ -105,7 +106,7 @@ def run_demo(
         cache = query_cache_for(model)
         results = []
         for q in questions:
-            result = ask(client, q, embedder=cache)
+            result = client.ask(q, embedder=cache)
             results.append(result)
             if show is not None:
                 show(result)

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from pgrag.cli_common import CONTEXT_SETTINGS, url_of
+from pgrag.cli.options import CONTEXT_SETTINGS, json_option, url_of
 
 
 @click.group("filter-index", context_settings=CONTEXT_SETTINGS)
@@ -79,7 +79,7 @@ def add(
 
 
 @filter_index.command("list", context_settings=CONTEXT_SETTINGS)
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@json_option("Print a JSON array.")
 @click.pass_context
 def list_(ctx: click.Context, as_json: bool) -> None:
     """Show each filter index: name, filter, chunks, size, and whether it is valid."""

@@ -17,7 +17,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from pgrag.errors import mapped_database_errors
-from pgrag.eval.questions import (
+from pgrag.lab.eval.questions import (
     ADVERSARIAL,
     NOT_FOUND,
     REFUSAL,
@@ -25,7 +25,7 @@ from pgrag.eval.questions import (
     QuestionList,
     check_limit,
 )
-from pgrag.eval.runner import named_queries
+from pgrag.lab.eval.runner import named_queries
 
 CUSTOMER = "nw_customer"
 ORDER = "nw_order"

@@ -6,7 +6,7 @@ larger than the centres' spread: hard, low-contrast neighbourhoods, as the shop'
 questions against its real chunks; docs/benchmarks.md compares the two). Texts are drawn from
 per-cluster vocabularies; metadata keys select 100%, 10%, 1% and 0.1% of the rows independently
 of the vectors and of the physical order. Used by ``bench/search_bench.py`` and
-``pgrag bench search`` (``pgrag/sweep.py``).
+``pgrag bench search`` (``pgrag/lab/sweep.py``).
 """
 
 from __future__ import annotations

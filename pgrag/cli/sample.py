@@ -1,6 +1,6 @@
-"""``pgrag sample``: load the sample shop (pgrag/sample.py) into the database.
+"""``pgrag sample``: load the sample shop (pgrag/lab/sample.py) into the database.
 
-Registered by pgrag/cli.py with ``cli.add_command(sample)``; its error wrapper prints a
+Registered by pgrag/cli/main.py with ``cli.add_command(sample)``; its error wrapper prints a
 PgragError as one line.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from pgrag.cli_common import CONTEXT_SETTINGS
+from pgrag.cli.options import CONTEXT_SETTINGS, customers_option, no_progress_option
 
 
 @click.group("sample", context_settings=CONTEXT_SETTINGS)
@@ -17,14 +17,7 @@ def sample() -> None:
 
 
 @sample.command("load")
-@click.option(
-    "--customers",
-    type=int,
-    default=1000,
-    show_default=True,
-    metavar="N",
-    help="Customers to generate (200 to 10,000,000); about 10 orders each.",
-)
+@customers_option(1000, None, "Customers to generate (200 to 10,000,000).")
 @click.option(
     "--seed",
     type=int,
@@ -33,7 +26,7 @@ def sample() -> None:
     metavar="S",
     help="Random seed: the same seed and size give the same rows.",
 )
-@click.option("--no-progress", is_flag=True, help="Do not show a progress bar.")
+@no_progress_option()
 @click.option(
     "--documents/--no-documents",
     default=True,
@@ -67,8 +60,8 @@ def sample_load(
 
     Triggers on the old shop tables go with them; the document types are declared again.
     """
-    from pgrag.db import describe_target, resolve_url
-    from pgrag.sample import load_sample, validate
+    from pgrag.connection import describe_target, resolve_url
+    from pgrag.lab.sample import load_sample, validate
 
     validate(customers, seed)  # before starting the embedded server
     url = resolve_url(getattr(ctx.obj, "database_url", None))
@@ -80,9 +73,9 @@ def sample_load(
     click.echo(f"  order items: {stats.order_items:>12,} ({stats.returned_items:,} returned)")
     click.echo(f"  seed:        {stats.seed:>12}")
     if documents:
-        from pgrag.cli_common import print_rebuild, rebuild_progress
+        from pgrag.cli.options import print_rebuild, rebuild_progress
         from pgrag.db import connect
-        from pgrag.sample_documents import declare_sample_documents
+        from pgrag.lab.sample_documents import declare_sample_documents
 
         with connect(url) as client:
             client.require_schema()

@@ -1,6 +1,6 @@
 """``pgrag search``, ``pgrag ask``, ``pgrag demo``: parse arguments, call the library, print.
 
-Registered on the main group by ``pgrag/cli.py`` (``cli.add_command``); ``COMMANDS`` lists them.
+Registered on the main group by ``pgrag.cli.main``.
 """
 
 from __future__ import annotations
@@ -12,8 +12,14 @@ from typing import Any, TypeVar
 
 import click
 
-from pgrag.cli_common import CONTEXT_SETTINGS, url_of
-from pgrag.embed.base import ENV_EMBEDDER
+from pgrag.cli.options import (
+    CONTEXT_SETTINGS,
+    customers_option,
+    embedder_option,
+    json_option,
+    seed_option,
+    url_of,
+)
 from pgrag.limits import MAX_K
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -44,13 +50,10 @@ def _common(f: F) -> F:
             show_default=True,
             help="Results to retrieve.",
         ),
-        click.option("--json", "as_json", is_flag=True, help="Print one JSON object."),
-        click.option(
-            "--model",
-            "model_spec",
-            metavar="SPEC",
-            envvar=ENV_EMBEDDER,
-            help="Embedder of the question (must be the store's model). Env: PGRAG_EMBEDDER.",
+        json_option("Print one JSON object."),
+        embedder_option(
+            help="Embedder of the question (must be the store's model). Env: PGRAG_EMBEDDER. "
+            "(--model: the same, deprecated.)"
         ),
     ]
     for option in reversed(options):
@@ -133,25 +136,23 @@ def search(
     doc_types: tuple[str, ...],
     k: int,
     as_json: bool,
-    model_spec: str | None,
+    embedder_spec: str | None,
     mode: str,
     stats: bool,
 ) -> None:
     """Search the chunks in one SQL statement (filters, HNSW, full text, fusion, stats)."""
     from pgrag.db import connect
-    from pgrag.search import search as run
 
     flt = _filter(filter_json)
     with connect(url_of(ctx)) as client:
-        result = run(
-            client,
+        result = client.search(
             query,
             filter=flt,
             doc_types=list(doc_types) or None,
             k=k,
             mode=mode,  # type: ignore[arg-type]
             stats=stats,
-            embedder=None if mode == "text" else model_spec,
+            embedder=None if mode == "text" else embedder_spec,
         )
     if as_json:
         click.echo(_dump(result))
@@ -210,7 +211,7 @@ def ask(
     doc_types: tuple[str, ...],
     k: int,
     as_json: bool,
-    model_spec: str | None,
+    embedder_spec: str | None,
     stats: bool | None,
     top_n: int,
 ) -> None:
@@ -218,20 +219,18 @@ def ask(
 
     Uses PGRAG_LLM_MODEL / PGRAG_LLM_BASE_URL when set, else an extractive answer.
     """
-    from pgrag.ask import ask as run
     from pgrag.db import connect
 
     flt = _filter(filter_json)
     with connect(url_of(ctx)) as client:
-        result = run(
-            client,
+        result = client.ask(
             question,
             k=k,
             top_n=top_n,
             filter=flt,
             doc_types=list(doc_types) or None,
             stats=stats,
-            embedder=model_spec,
+            embedder=embedder_spec,
         )
     if as_json:
         click.echo(_dump(result))
@@ -240,20 +239,11 @@ def ask(
 
 
 @click.command("demo", context_settings=CONTEXT_SETTINGS)
-@click.option(
-    "--customers",
-    type=click.IntRange(200, 100_000),
-    default=200,
-    show_default=True,
-    help="Sample shop size (customers; about 10 orders each).",
-)
-@click.option("--seed", type=int, default=42, show_default=True, help="Sample shop seed.")
-@click.option(
-    "--model",
-    "model_spec",
-    metavar="SPEC",
-    envvar=ENV_EMBEDDER,
-    help="Embedder (default: the bundled all-MiniLM-L6-v2). Env: PGRAG_EMBEDDER.",
+@customers_option()
+@seed_option(42, "Sample shop seed.")
+@embedder_option(
+    help="Embedder (default: the bundled all-MiniLM-L6-v2). Env: PGRAG_EMBEDDER."
+    " (--model: the same, deprecated.)"
 )
 @click.option(
     "--question",
@@ -262,18 +252,18 @@ def ask(
     metavar="TEXT",
     help="Ask this instead of the four demo questions (repeatable).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the answers as JSON lines.")
+@json_option("Print the answers as JSON lines.")
 @click.pass_context
 def demo(
     ctx: click.Context,
     customers: int,
     seed: int,
-    model_spec: str | None,
+    embedder_spec: str | None,
     questions: tuple[str, ...],
     as_json: bool,
 ) -> None:
     """Start the embedded server, migrate, load and embed the sample shop, ask its questions."""
-    from pgrag.demo import DEMO_QUESTIONS, run_demo
+    from pgrag.lab.demo import DEMO_QUESTIONS, run_demo
 
     def say(line: str) -> None:
         if not as_json:
@@ -291,7 +281,7 @@ def demo(
         url_of(ctx),
         customers=customers,
         seed=seed,
-        embedder=model_spec,
+        embedder=embedder_spec,
         questions=list(questions) or list(DEMO_QUESTIONS),
         say=say,
         show=show,
@@ -317,7 +307,7 @@ def demo(
 )
 @click.option("--dry-run", is_flag=True, help="Measure and report; store nothing.")
 @click.option("--reset", is_flag=True, help="Remove the stored value and exit.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@json_option("Print one JSON object.")
 @click.pass_context
 def tune(
     ctx: click.Context,
@@ -337,7 +327,7 @@ def tune(
     next connection on. Exact search reads every vector: at 1,000,000 chunks allow a few
     seconds per query.
     """
-    from pgrag.cli_common import rebuild_progress
+    from pgrag.cli.options import rebuild_progress
     from pgrag.db import connect
     from pgrag.tune import MIN_QUESTIONS, store
     from pgrag.tune import tune as run
