@@ -39,6 +39,7 @@ from pgrag.filters import check_filter, parse_filter_json
 from pgrag.parse import parse_question
 from pgrag.search import search
 from pgrag.server import EmbeddedServer
+from pgrag.vocabulary import load_vocabulary
 from tests.hostile import (
     HashEmbedder,
     declarations,
@@ -99,6 +100,7 @@ def fuzz(admin_url: str, cases: int) -> None:
     conn = psycopg.connect(url, autocommit=True)
     conn.execute("set statement_timeout = '20s'")
     db_cases = max(cases // 10, 1)
+    vocabulary = load_vocabulary(conn)
 
     def searched(f: Any) -> None:
         search(conn, "orders", filter=f, embedder=embedder, stats=True)
@@ -125,7 +127,7 @@ def fuzz(admin_url: str, cases: int) -> None:
     rows = [
         ("filters compiled", filters, lambda f: check_filter(conn, f, None), cases),
         ("filter JSON parsed", filter_json_text, parse_filter_json, cases),
-        ("questions parsed", questions, lambda q: parse_question(q, categories=["Books"]), cases),
+        ("questions parsed", questions, lambda q: parse_question(q, vocabulary), cases),
         ("filters searched (hybrid, with stats)", filters, searched, db_cases),
         ("questions searched and asked", questions, asked, db_cases),
         ("document declarations", declarations, declared, db_cases),

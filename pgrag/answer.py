@@ -207,11 +207,15 @@ def answer(
     stats: Mapping[str, Any] | None,
     *,
     llm: LLMConfig | None = None,
+    headline: tuple[str, Any] | None = None,
 ) -> Answer:
-    """An answer grounded in ``contexts`` and ``stats``: from ``llm``, or extractive if None."""
+    """An answer grounded in ``contexts`` and ``stats``: from ``llm``, or extractive if None
+    (``headline``: the statistic the question asks for, shown first)."""
     started = time.perf_counter()
     if llm is None:
-        return extractive_answer(contexts, stats, started=started)
+        return extractive_answer(
+            contexts, stats, started=started, question=question, headline=headline
+        )
     if not contexts and not stats:
         return Answer(
             NOT_FOUND + ".",
@@ -239,13 +243,21 @@ def answer(
     )
 
 
+def not_found_answer(reason: str) -> Answer:
+    """ "Cannot find that information in the provided data", with the reason as the note."""
+    return Answer(NOT_FOUND + ".", (), None, False, {"total_ms": 0.0}, reason)
+
+
 def extractive_answer(
     contexts: Sequence[Context],
     stats: Mapping[str, Any] | None,
     *,
     started: float | None = None,
+    question: str = "",
+    headline: tuple[str, Any] | None = None,
 ) -> Answer:
-    """The exact stats and the best contexts, verbatim, saying that no model was used."""
+    """The exact stats and the best contexts, quoted, saying that no model was used: of each
+    context its first line and the lines that share words with ``question``."""
     started = time.perf_counter() if started is None else started
     note = (
         "no language model was used: set "
@@ -257,6 +269,8 @@ def extractive_answer(
     if not contexts and not stats:
         return Answer(NOT_FOUND + ".", (), None, False, {"total_ms": _ms(started)}, note)
     lines = ["No language model was used; here are the exact statistics and the best matches."]
+    if headline is not None:
+        lines += ["", "Exact answer: " + headline[0] + " = " + _printed(headline[1])]
     if stats:
         lines += ["", "Exact statistics:"]
         lines += ["- " + key + ": " + value for key, value in flatten_stats(stats)]
@@ -264,10 +278,7 @@ def extractive_answer(
     if shown:
         lines += ["", "Best matching data:"]
         for c in shown:
-            text = " ".join(c.text.split())
-            if len(text) > EXTRACTIVE_CHARS:
-                text = text[: EXTRACTIVE_CHARS - 3] + "..."
-            lines.append("[chunk " + str(c.id) + "] " + text)
+            lines.append("[chunk " + str(c.id) + "] " + quote_lines(c.text, question))
     return Answer(
         "\n".join(lines),
         tuple(int(c.id) for c in shown),
@@ -278,6 +289,57 @@ def extractive_answer(
     )
 
 
+_QUOTE_NOISE = {
+    "what", "which", "who", "whom", "whose", "when", "where", "how", "did", "does", "do", "is",
+    "are", "was", "were", "the", "a", "an", "of", "in", "on", "for", "to", "and", "or", "by",
+    "with", "from", "at", "many", "much", "any", "all", "has", "have", "had", "there", "their",
+    "they", "it", "its", "this", "that", "me", "show", "list", "tell", "give", "find",
+}  # fmt: skip
+
+
+def quote_lines(text: str, question: str, limit: int = EXTRACTIVE_CHARS) -> str:
+    """A context, quoted for ``question``: its first line (what it is), then its lines (or
+    sentences, "; "-separated items) that share a word with the question, in their order, up to
+    ``limit`` characters each; the first ``limit`` characters when none does."""
+    from pgrag.vocabulary import same_word, tokens
+
+    wanted = [w for w in tokens(question) if w not in _QUOTE_NOISE and len(w) > 1]
+    parts = [p.strip() for p in re.split(r"\n|(?<=[.;])\s+", text) if p.strip()]
+    if not parts:
+        return ""
+    head, rest = parts[0], parts[1:]
+    kept = (
+        [p for p in rest if any(same_word(w, x) for x in tokens(p) for w in wanted)]
+        if wanted
+        else []
+    )
+    if not kept:
+        flat = " ".join(text.split())
+        return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+    out = [_cut(head, limit)]
+    budget = 3 * limit
+    for p in kept:
+        piece = _cut(p, limit)
+        if budget - len(piece) < 0:
+            out.append("...")
+            break
+        out.append(piece)
+        budget -= len(piece)
+    return " ".join(out)
+
+
+def _cut(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _printed(value: Any) -> str:
+    """Text, Decimal, date: their exact text; numbers, lists, booleans, None: as JSON."""
+    if isinstance(value, list | tuple | bool | int | float | None):
+        return json.dumps(value, ensure_ascii=False, default=_json_default)
+    return str(value)
+
+
 def flatten_stats(stats: Mapping[str, Any], prefix: str = "") -> list[tuple[str, str]]:
     """Nested statistics as (dotted key, printed value) pairs, as the prompt shows them."""
     out: list[tuple[str, str]] = []
@@ -285,10 +347,8 @@ def flatten_stats(stats: Mapping[str, Any], prefix: str = "") -> list[tuple[str,
         name = prefix + str(key)
         if isinstance(value, Mapping):
             out += flatten_stats(value, name + ".")
-        elif not isinstance(value, list | tuple | bool | int | float | None):
-            out.append((name, str(value)))  # text, Decimal, date: their exact text
         else:
-            out.append((name, json.dumps(value, ensure_ascii=False, default=_json_default)))
+            out.append((name, _printed(value)))
     return out
 
 

@@ -1,15 +1,19 @@
-"""Question → answer: parse → embed (query cache) → one-statement search (+ exact stats when the
-question asks for numbers) → dedup → rerank → grounded answer, with per-stage timings.
+"""Question → answer: parse (from the store's vocabulary) → embed (query cache) → one-statement
+search, or a ranking by a numeric key (+ exact stats when the question asks for numbers) →
+rerank → grounded answer, with per-stage timings.
 
-``ask(client_or_conn, question)`` returns an ``AskResult``; the CLI's ``pgrag ask`` and the demo
-print it. Nothing here builds SQL beyond two small catalog reads (the categories and a customer
-name's id), both cached or GIN-served; the search itself is ``pgrag.search.search``.
+``ask(conn, question)`` returns an ``AskResult``; the CLI's ``pgrag ask`` and the demo print it.
+The answer is "Cannot find that information in the provided data" when a name the question uses
+is nowhere in the data, or when the filter parsed from the question matches no document.
+Nothing here builds SQL beyond the vocabulary (``pgrag.vocabulary``, cached) and one GIN-served
+full-text probe for a name no metadata holds; the search itself is ``pgrag.search``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import threading
+import json
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -19,40 +23,42 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from pgrag import search as search_mod
-from pgrag.answer import Answer, Context, LLMConfig, answer
+from pgrag.answer import Answer, Context, LLMConfig, answer, not_found_answer
 from pgrag.limits import check_question
-from pgrag.parse import ParsedQuery, parse_question
+from pgrag.parse import Link, ParsedQuery, parse_question
 from pgrag.rerank import Reranker
-from pgrag.search import SearchHit
+from pgrag.search import SearchHit, SearchResult
+from pgrag.vocabulary import Vocabulary, load_vocabulary, name_words, same_word, tokens
 
 if TYPE_CHECKING:
     from pgrag.embed.base import Embedder
     from pgrag.embed.cache import QueryCache
 
-CATALOG_TTL_S = 300.0
 DEFAULT_TOP_N = 5
 
-_CATEGORIES: LiteralString = (
-    "select coalesce(array_agg(distinct x order by x), '{}') from pgrag.chunks c, "
-    "jsonb_array_elements_text(case when jsonb_typeof(c.metadata->'categories') = 'array' "
-    "then c.metadata->'categories' else '[]' end) x"
+# Whether a phrase occurs in any chunk this session may see (full text, GIN-served): a name the
+# metadata does not hold may still be in the text (a product named in an order's lines).
+_IN_TEXT: LiteralString = (
+    "select exists (select from pgrag.chunks c "
+    "where c.tsv @@ phraseto_tsquery('english'::regconfig, %s))"
 )
-_SCHEMAS: LiteralString = "select name, metadata_schema from pgrag.doc_types"
-# Categories come from the chunks this session may see (row-level security): cache them per
-# role and tenant, so that one tenant's category names never steer another tenant's parse.
-_WHO: LiteralString = "select current_user, coalesce(current_setting('pgrag.tenant', true), '')"
-_NAME_TO_ID: LiteralString = (
-    "select distinct (metadata->>'customer_id')::integer from pgrag.chunks "
-    "where (metadata @> %(by_name)s or metadata @> %(by_customer_name)s) "
-    "and jsonb_typeof(metadata->'customer_id') = 'number' limit 2"
+
+
+# The values of one key in the documents of a type whose metadata contains a value (GIN-served):
+# a question's value looked up in a related type (pgrag.parse.Link).
+_LINKED: LiteralString = (
+    "select distinct c.metadata -> %(key)s from pgrag.chunks c "
+    "where c.doc_type = %(type)s and c.metadata @> %(match)s and c.metadata ? %(key)s "
+    "limit 1001"
 )
+MAX_LINKED = 1000
 
 
 @dataclass(frozen=True)
 class AskResult:
     question: str
     parsed: ParsedQuery
-    filter: dict[str, Any]  # the filter searched (the parse's, plus a resolved customer id)
+    filter: dict[str, Any]  # the filter searched
     hits: tuple[SearchHit, ...]  # after dedup and rerank: what the answer was given
     retrieved: tuple[SearchHit, ...]  # everything the search returned
     stats: dict[str, Any] | None
@@ -62,54 +68,7 @@ class AskResult:
     cache_hit: bool | None  # the question's vector came from the query cache
     notes: tuple[str, ...]
     stats_cached: dict[str, bool] | None = None  # per type: statistics from the stats cache
-
-
-_catalog: dict[tuple[str, ...], tuple[float, list[str], dict[str, dict[str, str]]]] = {}
-_catalog_lock = threading.Lock()
-
-
-def _catalog_for(conn: psycopg.Connection[Any]) -> tuple[list[str], dict[str, dict[str, str]]]:
-    """Category names and document-type schemas of this database as this session sees them
-    (cached for 5 minutes per role and tenant)."""
-    who = conn.execute(_WHO).fetchone()
-    key = (str(conn.info.host), str(conn.info.port), str(conn.info.dbname), *map(str, who or ()))
-    with _catalog_lock:
-        hit = _catalog.get(key)
-    if hit is not None and time.monotonic() - hit[0] < CATALOG_TTL_S:
-        return hit[1], hit[2]
-    row = conn.execute(_CATEGORIES).fetchone()
-    categories = list(row[0]) if row and row[0] else []
-    schemas = {str(r[0]): dict(r[1]) for r in conn.execute(_SCHEMAS).fetchall()}
-    with _catalog_lock:
-        _catalog[key] = (time.monotonic(), categories, schemas)
-    return categories, schemas
-
-
-def forget_catalog() -> None:
-    with _catalog_lock:
-        _catalog.clear()
-
-
-def _resolve_name(
-    conn: psycopg.Connection[Any], parsed: ParsedQuery, schemas: Mapping[str, Mapping[str, str]]
-) -> tuple[dict[str, Any], str | None]:
-    """The parse's filter, with ``customer_id`` added when the name matches exactly one id."""
-    flt = dict(parsed.filter)
-    name = parsed.customer_name
-    if name is None or "customer_id" in flt:
-        return flt, None
-    if not all("customer_id" in schemas.get(t, {}) for t in parsed.doc_types):
-        return flt, None
-    rows = conn.execute(
-        _NAME_TO_ID,
-        {"by_name": Jsonb({"name": name}), "by_customer_name": Jsonb({"customer_name": name})},
-    ).fetchall()
-    if len(rows) == 1:
-        flt["customer_id"] = int(rows[0][0])
-        return flt, f"{name} is customer {rows[0][0]}"
-    if not rows:
-        return flt, f"no customer named {name} was found; searched without a customer filter"
-    return flt, f"several customers are named {name}; searched without a customer filter"
+    not_found: str | None = None  # why the answer is "Cannot find ...", when it is
 
 
 def contexts_of(hits: Sequence[SearchHit]) -> list[Context]:
@@ -121,6 +80,54 @@ def contexts_of(hits: Sequence[SearchHit]) -> list[Context]:
             text = f"{text}\n(parent {h.parent_source_key}: {first})"
         out.append(Context(h.id, text, h.doc_type, h.source_key, h.score))
     return out
+
+
+def pick_statistic(
+    question: str, parsed: ParsedQuery, stats: Mapping[str, Any] | None
+) -> tuple[str, Any] | None:
+    """The one statistic the question asks for ("how many orders" -> order_detail.order_count),
+    by the words of its name, the aggregate asked for and the noun after "how many"; None when
+    no statistic's name shares a word with the question."""
+    if not stats or parsed.aggregate is None:
+        return None
+    words = [w for w in tokens(question) if w not in ("how", "many", "much", "the", "of", "a")]
+    counted = re.search(r"\b(?:how\s+many|number\s+of)\s+((?:\w+\s+){0,2}\w+)", question, re.I)
+    head = tokens(counted.group(1)) if counted else []
+    kinds = {
+        "count": {"count", "number", "n", "total"},
+        "sum": {"total", "sum", "revenue", "amount", "spent"},
+        "avg": {"average", "avg", "mean"},
+        "max": {"max", "maximum", "highest", "largest"},
+        "min": {"min", "minimum", "lowest", "smallest"},
+    }[parsed.aggregate]
+    counting = {"count", "number", "n"}
+    averaging = {"average", "avg", "mean"}
+    best: tuple[float, str, Any] | None = None
+    for doc_type in parsed.doc_types:
+        values = stats.get(doc_type)
+        if not isinstance(values, Mapping):
+            continue
+        for key, value in values.items():
+            if isinstance(value, Mapping | list):
+                continue
+            key_words = set(name_words(str(key)))
+            named = sum(any(same_word(w, k) for k in key_words) for w in set(words))
+            kind = bool(key_words & kinds)
+            if not named and not kind:
+                continue
+            score = 2.0 * named + 1.5 * kind
+            # a statistic of another kind than asked: a count for "how much", a sum for "how
+            # many", an average for anything but "average"
+            if parsed.aggregate == "count":
+                score -= 2.0 * (not key_words & counting)
+            elif key_words & counting:
+                score -= 2.0
+            if key_words & averaging and parsed.aggregate != "avg":
+                score -= 2.0
+            score += 1.0 * sum(any(same_word(h, k) for k in key_words) for h in head)
+            if score > 0 and (best is None or score > best[0]):
+                best = (score, f"{doc_type}.{key}", value)
+    return None if best is None else (best[1], best[2])
 
 
 class AskArgs(TypedDict, total=False):
@@ -136,6 +143,7 @@ class AskArgs(TypedDict, total=False):
     reranker: Reranker | None
     embedder: str | Embedder | QueryCache | None
     today: dt.date | None
+    among: Sequence[str] | None
 
 
 def ask(
@@ -152,47 +160,96 @@ def ask(
     reranker: Reranker | None = None,
     embedder: str | Embedder | QueryCache | None = None,
     today: dt.date | None = None,
+    among: Sequence[str] | None = None,
 ) -> AskResult:
     """Answer ``question`` from the store. ``filter`` / ``doc_types`` replace the parsed ones;
     ``stats`` forces exact statistics on or off (default: when the parse says numbers are asked
-    for). ``llm`` defaults to ``LLMConfig.from_env()`` (extractive answer when none)."""
+    for). ``llm`` defaults to ``LLMConfig.from_env()`` (extractive answer when none). ``among``:
+    the declared types the question may be about (default: every one)."""
     check_question(question)
     started = time.perf_counter()
-    categories, schemas = _catalog_for(conn)
-    parsed = parse_question(question, categories=categories, today=today, schemas=schemas or None)
+    vocabulary = load_vocabulary(conn)
+    if among is not None:
+        vocabulary = vocabulary.only(among)
+    parsed = parse_question(question, vocabulary, today=today)
     notes = list(parsed.notes)
-    if filter is not None:
-        flt: dict[str, Any] = dict(filter)
-    else:
-        flt, note = _resolve_name(conn, parsed, schemas)
-        if note:
-            notes.append(note)
+    flt: dict[str, Any] = dict(filter) if filter is not None else dict(parsed.filter)
     types = list(doc_types) if doc_types is not None else list(parsed.doc_types) or None
     if types is not None:
-        types = [t for t in types if t in schemas] or None
+        types = [t for t in types if t in vocabulary.types] or None
+    want_stats = parsed.needs_stats if stats is None else stats
+    missing: str | None = None
+    if filter is None:
+        for link in parsed.links:
+            missing = missing or _resolve_link(conn, link, flt, notes)
+    if filter is None and parsed.unknown_names:
+        absent = [n for n in parsed.unknown_names if not _in_text(conn, n)]
+        if absent:
+            missing = "nothing in the data is named " + " or ".join(map(repr, absent))
     parse_ms = (time.perf_counter() - started) * 1000
-    found = search_mod.search(
-        conn,
-        parsed.search_text,
-        filter=flt,
-        doc_types=types,
-        k=k,
-        stats=parsed.needs_stats if stats is None else stats,
-        embedder=embedder,
-    )
+    rank = parsed.rank_by if doc_types is None else None
+    found: SearchResult | None = None
+    if missing is None:
+        if rank is not None:
+            found = search_mod.ranked(
+                conn,
+                rank.key,
+                filter=flt,
+                doc_types=types,
+                descending=rank.descending,
+                k=rank.limit or top_n,
+                stats=want_stats,
+            )
+        else:
+            found = search_mod.search(
+                conn,
+                parsed.search_text,
+                filter=flt,
+                doc_types=types,
+                k=k,
+                stats=want_stats,
+                embedder=embedder,
+            )
+        if not found.hits and flt and filter is None:
+            nothing = (
+                "no " + "/".join(types or ["document"]) + " matches " + json.dumps(flt, default=str)
+            )
+            if found.stats and parsed.needs_stats and not _outside_data(parsed, vocabulary):
+                # "how many orders has Michelle Morris placed?": she exists, the count is 0
+                notes.append(nothing + ": the exact statistics are over no document")
+            else:
+                missing = nothing
     t = time.perf_counter()
-    ranked = (reranker or Reranker(top_n=top_n)).rerank(question, found.hits)
-    kept = tuple(r.hit for r in ranked.hits)
+    if found is None or missing is not None:
+        kept: tuple[SearchHit, ...] = ()
+    elif rank is not None:
+        kept = found.hits[: rank.limit or top_n]  # the ranking is the order asked for
+    else:
+        ranked = (reranker or Reranker(top_n=top_n)).rerank(question, found.hits)
+        kept = tuple(r.hit for r in ranked.hits)
     rerank_ms = (time.perf_counter() - t) * 1000
     if llm is None and use_env_llm:
         llm = LLMConfig.from_env()
     t = time.perf_counter()
-    result = answer(question, contexts_of(kept), found.stats, llm=llm)
+    stats_found = found.stats if found is not None else None
+    if missing is not None:
+        notes.append(missing)
+        result = not_found_answer(missing)
+    else:
+        result = answer(
+            question,
+            contexts_of(kept),
+            stats_found,
+            llm=llm,
+            headline=None
+            if _partial(parsed, vocabulary, flt)
+            else pick_statistic(question, parsed, stats_found),
+        )
     generate_ms = (time.perf_counter() - t) * 1000
     timings = {
         "parse_ms": round(parse_ms, 3),
-        "embed_ms": found.timings.get("embed_ms", 0.0),
-        "search_ms": found.timings.get("search_ms", 0.0),
+        "embed_ms": found.timings.get("embed_ms", 0.0) if found else 0.0,
+        "search_ms": found.timings.get("search_ms", 0.0) if found else 0.0,
         "rerank_ms": round(rerank_ms, 3),
         "generate_ms": round(generate_ms, 3),
         "total_ms": round((time.perf_counter() - started) * 1000, 3),
@@ -202,15 +259,91 @@ def ask(
         parsed=parsed,
         filter=flt,
         hits=kept,
-        retrieved=found.hits,
-        stats=found.stats,
+        retrieved=found.hits if found else (),
+        stats=stats_found,
         answer=result,
-        scan=found.scan,
+        scan=found.scan if found else "none",
         timings=timings,
-        cache_hit=found.cache_hit,
-        stats_cached=found.stats_cached,
+        cache_hit=found.cache_hit if found else None,
+        stats_cached=found.stats_cached if found else None,
         notes=tuple(notes),
+        not_found=missing,
     )
 
 
-__all__ = ["AskResult", "ask", "contexts_of", "forget_catalog"]
+def _resolve_link(
+    conn: psycopg.Connection[Any], link: Link, flt: dict[str, Any], notes: list[str]
+) -> str | None:
+    """Add ``link.key``'s values (of the related documents matching it) to ``flt``; the reason
+    when none matches."""
+    condition = link.condition
+    if isinstance(condition, Mapping):
+        if set(condition) != {"$contains"}:
+            notes.append(f"{link.phrase!r}: not looked up in {link.via_type} ({condition})")
+            return None
+        match = {link.via_key: [condition["$contains"]]}
+    else:
+        match = {link.via_key: condition}
+    rows = conn.execute(
+        _LINKED, {"key": link.key, "type": link.via_type, "match": Jsonb(match)}
+    ).fetchall()
+    values = [r[0] for r in rows if r[0] is not None]
+    if not values:
+        return f"no {link.via_type} has {link.via_key} {json.dumps(condition, default=str)}"
+    if len(values) > MAX_LINKED:
+        notes.append(f"{link.phrase!r} names over {MAX_LINKED} {link.via_type}: not filtered on")
+        return None
+    value: Any = values[0] if len(values) == 1 else {"$in": values}
+    if link.key in flt and flt[link.key] != value:
+        flt.setdefault("$and", []).append({link.key: value})
+    else:
+        flt[link.key] = value
+    notes.append(f"{link.phrase!r} is {link.key} {json.dumps(value, default=str)}")
+    return None
+
+
+def _outside_data(parsed: ParsedQuery, vocabulary: Vocabulary) -> bool:
+    """Whether the question's time lies outside every date the searched types hold (orders "in
+    2031"): then there is no data to count, rather than a count of 0."""
+    r = parsed.time_range
+    if r is None:
+        return False
+    spans = [
+        (k.min, k.max)
+        for t in parsed.doc_types
+        if t in vocabulary.types
+        for k in vocabulary.types[t].keys.values()
+        if k.type == "date" and k.min is not None and k.max is not None
+    ]
+    start = r.start.isoformat() if r.start else "0000-01-01"
+    end = r.end.isoformat() if r.end else "9999-12-31"
+    return bool(spans) and all(end < lo or start > hi for lo, hi in spans)
+
+
+def _partial(parsed: ParsedQuery, vocabulary: Vocabulary, flt: Mapping[str, Any]) -> bool:
+    """Whether the filter picks documents by one element of a list ("booked on Pool Table":
+    facilities contains it): their statistics then count the whole documents, not the part the
+    question asks about, so no one statistic is the answer."""
+    arrays = {
+        k.name for t in parsed.doc_types if t in vocabulary.types
+        for k in vocabulary.types[t].keys.values() if k.type.endswith("[]")
+    }  # fmt: skip
+
+    def names(f: Any) -> set[str]:
+        if isinstance(f, list):
+            return set().union(*(names(x) for x in f)) if f else set()
+        if not isinstance(f, Mapping):
+            return set()
+        return {k for k in f if not k.startswith("$")} | set().union(
+            *(names(v) for k, v in f.items() if k.startswith("$"))
+        )
+
+    return bool(names(flt) & arrays)
+
+
+def _in_text(conn: psycopg.Connection[Any], phrase: str) -> bool:
+    row = conn.execute(_IN_TEXT, (phrase,)).fetchone()
+    return bool(row and row[0])
+
+
+__all__ = ["AskResult", "ask", "contexts_of", "pick_statistic"]

@@ -1,23 +1,40 @@
-"""Questions → metadata filters and intent: a rule-based parser, and an optional LLM parser.
+"""Questions -> metadata filters, the types that answer them, and what numbers they ask for: a
+rule-based parser whose knowledge comes from the declarations and the data, and an optional LLM
+parser.
 
-``parse_question`` reads tiers (VIP, dormant...), returns, categories (the names the caller found
-in the data), order status ("not delivered yet"), customer ids and names, and time phrases
-("in January 2024", "last 3 months", "since March 2024", "yesterday"), and says whether the
-question needs exact numbers ("total", "how many", "average"...). Its filter is written for the
-preferred document type, with values of its keys' types (``pgrag.filters.value_fits``).
+``parse_question(question, vocabulary)`` (no I/O) reads a ``pgrag.vocabulary.Vocabulary``: the
+declared types, their metadata keys and types, the words a declarer described
+(``pgrag.describe_document``) and the values present in the chunks. From those, and from English
+alone, it finds:
 
-``LLMParser`` asks any OpenAI-compatible chat endpoint for the same fields as a JSON object;
-the proposal is validated by the server's filter compiler (``check``, ``pgrag.check_filter``)
-and, if it does not hold, the rule-based
-parse is used with a note saying why.
+- values of text keys named in the question ("VIP", "Germany", "john smith"; plurals, declared
+  value synonyms, and close spellings of names: "Jon Smith"), each with every key that holds it;
+- identifiers: "<entity> 42" / "<entity> #42" for an integer key named <entity>_id (or <entity>id);
+- booleans: the words of a boolean key ("returned" for has_returns), "not" / "no" / "without";
+- comparisons: "more than $50", "at least two hours", "between 3 and 5 orders", mapped to the
+  numeric key whose words are nearest;
+- time phrases ("in March 2023", "last 3 months", "since 2024") on the date key the question
+  names, or the type's only one;
+- ranking ("top 5", "most", "many", "fewest ... by <key>") by a numeric key, and aggregates
+  (how many, total, average, highest, lowest) that need exact statistics;
+- the type the question is about: the one whose name, synonyms and keys it uses most.
+
+A name-like phrase that matches no value is reported (``unknown_names``) so that the caller can
+say "Cannot find that information in the provided data" rather than answer about someone else.
+
+``LLMParser`` asks any OpenAI-compatible chat endpoint for the same fields as a JSON object; the
+proposal is validated by the server's filter compiler (``check``, ``pgrag.check_filter``) and,
+if it does not hold, the rule-based parse is used with a note saying why.
 """
 
 from __future__ import annotations
 
 import calendar
 import datetime as dt
+import difflib
 import json
 import re
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -25,45 +42,10 @@ from typing import Any
 from pgrag.errors import InvalidFilter, MissingDependency, PgragError
 from pgrag.filters import value_fits
 from pgrag.limits import check_question
+from pgrag.vocabulary import KeyWords, Vocabulary, name_words, same_word, singular, stem, tokens
 
-CUSTOMER_PROFILE = "customer_profile"
-ORDER_DETAIL = "order_detail"
-
-# The sample shop's document types (sql/sample/shop_documents.sql); pass your own.
-SHOP_SCHEMAS: dict[str, dict[str, str]] = {
-    CUSTOMER_PROFILE: {
-        "customer_id": "integer",
-        "name": "text",
-        "order_ids": "integer[]",
-        "segment": "text",
-        "registration_year": "integer",
-        "categories": "text[]",
-        "has_returns": "boolean",
-        "return_count": "integer",
-        "total_orders": "integer",
-        "total_spent": "numeric",
-        "last_order_date": "date",
-    },
-    ORDER_DETAIL: {
-        "order_id": "integer",
-        "customer_id": "integer",
-        "customer_name": "text",
-        "order_date": "date",
-        "status": "text",
-        "total": "numeric",
-        "categories": "text[]",
-        "has_returns": "boolean",
-        "segment": "text",
-    },
-}
-SEGMENTS = ("VIP", "Regular", "New", "Dormant")
-ORDER_STATUSES = ("pending", "processing", "shipped", "delivered", "cancelled")
-UNDELIVERED = ("delivered", "cancelled")  # $nin: what "not delivered yet" excludes
-INTENTS = ("stats", "customers", "products", "orders", "lookup")
-
-# Which metadata key carries each notion, per document type.
-_RETURN_KEY = {CUSTOMER_PROFILE: "has_returns", ORDER_DETAIL: "has_returns"}
-_DATE_KEY = {CUSTOMER_PROFILE: "last_order_date", ORDER_DETAIL: "order_date"}
+INTENTS = ("stats", "rank", "lookup", "search")
+AGGREGATES = ("count", "sum", "avg", "max", "min")
 
 
 @dataclass(frozen=True)
@@ -92,24 +74,60 @@ class Matched:
 
 
 @dataclass(frozen=True)
+class Mention:
+    """A phrase that names a value of some metadata keys: a condition on whichever of them
+    belongs to the type the question is about."""
+
+    phrase: str
+    keys: tuple[tuple[str, str], ...]  # (document type, key)
+    condition: Any  # a value, or an operator object of the filter language
+    how: str  # value, synonym, fuzzy, id, boolean, comparison, time
+    span: tuple[int, int] = (0, 0)
+
+
+@dataclass(frozen=True)
+class Link:
+    """A value of a related type's key: the documents of ``via_type`` whose ``via_key`` matches
+    ``condition`` give the values of ``key`` to filter the question's types on ("orders of Around
+    the Horn": the company is a key of the customers, who share customer_id with their orders).
+    The caller looks them up (``pgrag.ask``)."""
+
+    phrase: str
+    via_type: str
+    via_key: str
+    condition: Any
+    key: str
+
+
+@dataclass(frozen=True)
+class RankBy:
+    """Order the documents by a numeric key instead of by similarity."""
+
+    key: str
+    descending: bool
+    limit: int | None
+    phrase: str
+
+
+@dataclass(frozen=True)
 class ParsedQuery:
     search_text: str
     filter: dict[str, Any]
     doc_types: tuple[str, ...]
     needs_stats: bool
     intent: str
-    customer_id: int | None = None
-    customer_name: str | None = None
-    order_id: int | None = None
+    aggregate: str | None = None  # count, sum, avg, max, min
+    rank_by: RankBy | None = None
     time_range: TimeRange | None = None
-    segments: tuple[str, ...] = ()
-    categories: tuple[str, ...] = ()
+    mentions: tuple[Mention, ...] = ()
+    unknown_names: tuple[str, ...] = ()  # name-like phrases that match no value
+    links: tuple[Link, ...] = ()  # values to look up in a related type (parent or child)
     matched: tuple[Matched, ...] = ()
     notes: tuple[str, ...] = ()
     parser: str = "rules"  # "rules" or "llm"
 
 
-# ---- vocabulary ----
+# ---- vocabulary: English only ----
 
 MONTHS = {  # month names and abbreviations -> month number (also pgrag.lab.eval.faithfulness)
     name: i
@@ -153,271 +171,635 @@ _NUMBER_WORDS = {
 _COUNT = r"(\d{1,4}|" + "|".join(_NUMBER_WORDS) + r")"
 _UNIT = r"(day|week|month|quarter|year)s?"
 
-_SEGMENT_PATTERNS = [
-    ("VIP", re.compile(r"\bv\.?i\.?p\.?s?\b", re.I)),
-    ("Dormant", re.compile(r"\b(?:dormant|inactive|lapsed)\b", re.I)),
-    (
-        "New",
-        re.compile(
-            r"\bnew(?:ly\s+registered)?\s+(?:customers?|users?|buyers?|clients?|members?)\b", re.I
-        ),
-    ),
-    (
-        "Regular",
-        re.compile(
-            r"\b(?:regulars\b|regular\s+(?:customers?|users?|buyers?|clients?|members?)\b)", re.I
-        ),
-    ),
-]
-_UNDELIVERED_RE = re.compile(
-    r"\b(?:undelivered|not\s+(?:yet\s+)?(?:been\s+)?delivered(?:\s+yet)?"
-    r"|(?:have|has|had|were|was|are|is)n'?t\s+(?:yet\s+)?(?:been\s+)?delivered(?:\s+yet)?"
-    r"|(?:have|has|had)\s+not\s+(?:yet\s+)?been\s+delivered(?:\s+yet)?"
-    r"|yet\s+to\s+be\s+delivered|awaiting\s+delivery|in\s+transit|still\s+on\s+the\s+way"
-    r"|open\s+orders?|outstanding\s+orders?)",
-    re.I,
+
+_NUMBER_RE = r"(\d[\d,]*(?:\.\d+)?|" + "|".join(k for k in _NUMBER_WORDS if len(k) > 2) + r")"
+
+# Words that are values of some key in many stores (a segment "New", a status "open") but mean
+# something else in most questions: such a one-word value counts only written as declared
+# (capitalised, not first) or right before a word for its type ("new customers").
+_COMMON = set(
+    """
+    a an the and or of in on at to for by with from as is are was were be been has have had do
+    does did not no yes none all any some each every other others new old open closed active
+    inactive regular normal standard general first last next this that these those one two
+    more most less least many much few top best good bad high low big small large long short
+    total average count sum mean max min who what which when where why how
+    """.split()  # noqa: SIM905 (a word list reads better as words)
 )
-_STATUS_RE = re.compile(
-    r"\b(pending|processing|shipped|delivered|cancell?ed)\b(?!\s+(?:date|address))", re.I
-)
-_RETURN_RE = re.compile(r"\b(?:return(?:s|ed|ing)?|refund(?:s|ed)?)\b", re.I)
-_STATS_RE = re.compile(
-    r"\b(?:total|how\s+many|how\s+much|average|avg|mean|sum|count|number\s+of|revenue"
-    r"|percent(?:age)?|median|max(?:imum)?|min(?:imum)?|highest|lowest|most|least"
-    r"|top\s+\d+)\b",
-    re.I,
-)
-_CUSTOMER_ID_RE = re.compile(r"\bcustomer\s*(?:#|id\b|no\.?|number)?\s*[:#]?\s*(\d{1,18})\b", re.I)
-_ORDER_ID_RE = re.compile(r"\border\s*(?:#|id\b|no\.?|number)?\s*[:#]?\s*(\d{1,18})\b", re.I)
-_ORDER_WORDS_RE = re.compile(
-    r"\b(?:orders?|ordered|purchases?|purchased|bought|buy|buys|buying|products?|items?"
-    r"|deliver\w*|ship\w*|revenue|sales|sold|order\s+value)\b",
-    re.I,
-)
-_PRODUCT_WORDS_RE = re.compile(r"\b(?:products?|items?|bought|buy|buys|purchased)\b", re.I)
-_WHO_RE = re.compile(
-    r"\b(?:who|whom|whose|(?:which|what|list|show|find)\s+(?:\w+\s+)?(?:customers|clients|users))\b",
-    re.I,
-)
-_CUSTOMER_WORDS_RE = re.compile(r"\b(?:customers?|clients?|users?|people|buyers?)\b", re.I)
-# A capitalised name word: John, Li, McDonald, O'Brien, Mary-Jane.
-_NAME_WORD = r"(?:[A-Z]')?[A-Z][a-z]*[A-Z]?[a-z]+(?:-[A-Z][a-z]+)?"
-_NAME_RE = re.compile(r"(?=\b(" + _NAME_WORD + r")\s+(" + _NAME_WORD + r")\b)")
+# Capitalised words that begin questions or name things other than values.
 _NOT_NAMES = {
     *(m.capitalize() for m in MONTHS),
     *"""
     Monday Tuesday Wednesday Thursday Friday Saturday Sunday What Which Who Whom Whose How When
     Where Why Show List Give Find Tell Did Do Does Is Are Was Were Has Have Had Can Could Would
     Should Please Among For In On Of Since Before After During From The A An And Or Not All Any
-    Each Every Customer Customers Order Orders Product Products Total Average Regular New Dormant
-    Vip Top Last This Next Return Returns Returned Yesterday Today
-    """.split(),  # noqa: SIM905 (a word list reads better as words)
+    Each Every Total Average Top Last This Next Yesterday Today Count Sum Name Names I My We Our
+    Me Us You Your Their They He She His Her It Its Than Then Also Only Just Ignore Return
+    Returns Print Output Reveal Forget Disregard Compare Between Both Either Neither
+    """.split(),  # noqa: SIM905
+}
+_GENERIC_TYPE_WORDS = {
+    "doc",
+    "docs",
+    "document",
+    "detail",
+    "details",
+    "profile",
+    "info",
+    "record",
+    "records",
+    "summary",
+    "row",
+    "rows",
+    "item",
+    "data",
+    "view",
+    "entry",
+}
+_KEY_NOISE = {
+    "has",
+    "is",
+    "was",
+    "had",
+    "have",
+    "with",
+    "any",
+    "flag",
+    "the",
+    "of",
+    "at",
+    "on",
+    "in",
+    "by",
+    "to",
+    "a",
+    "an",
+    "and",
+    "or",
+    "for",
+    "date",
+    "day",
+    "time",
+    "id",
+    "ids",
+    "no",
+    "num",
+    "number",
+    "nr",
+    "code",
+    "key",
+}
+_ID_TAILS = ("id", "no", "number", "nr", "code")
+_NEGATOR_RE = re.compile(
+    r"\b(?:not|no|never|without|non|none|nor|excluding|except|yet\s+to\s+be)\b|n't\b", re.I
+)
+_MONEY_WORDS = {
+    "total",
+    "amount",
+    "price",
+    "cost",
+    "spent",
+    "spend",
+    "revenue",
+    "value",
+    "paid",
+    "sum",
+    "fee",
+    "balance",
+    "sales",
+    "charge",
+    "income",
+    "earning",
+    "budget",
 }
 
+_COMPARE_RE = re.compile(
+    r"\b(?P<op>more\s+than|greater\s+than|larger\s+than|higher\s+than|bigger\s+than|over|above"
+    r"|exceeding|at\s+least|no\s+less\s+than|not\s+less\s+than|a\s+minimum\s+of|less\s+than"
+    r"|fewer\s+than|lower\s+than|smaller\s+than|under|below|at\s+most|no\s+more\s+than"
+    r"|not\s+more\s+than|up\s+to|a\s+maximum\s+of)\s+(?P<cur>[$\u20ac\u00a3])?\s*"
+    + _NUMBER_RE
+    + r"(?:\s*(?P<unit>[a-z]+))?",
+    re.I,
+)
+_OR_MORE_RE = re.compile(
+    r"(?P<cur>[$\u20ac\u00a3])?\b" + _NUMBER_RE + r"\s*(?:\+|or\s+(?P<dir>more|over|less|fewer|"
+    r"under))\s*(?P<unit>[a-z]+)?",
+    re.I,
+)
+_BETWEEN_RE = re.compile(
+    r"\bbetween\s+(?P<cur>[$\u20ac\u00a3])?\s*"
+    + _NUMBER_RE
+    + r"\s+and\s+[$\u20ac\u00a3]?\s*"
+    + _NUMBER_RE
+    + r"(?:\s*(?P<unit>[a-z]+))?",
+    re.I,
+)
+_OPS = {
+    "more than": "$gt",
+    "greater than": "$gt",
+    "larger than": "$gt",
+    "higher than": "$gt",
+    "bigger than": "$gt",
+    "over": "$gt",
+    "above": "$gt",
+    "exceeding": "$gt",
+    "at least": "$gte",
+    "no less than": "$gte",
+    "not less than": "$gte",
+    "a minimum of": "$gte",
+    "less than": "$lt",
+    "fewer than": "$lt",
+    "lower than": "$lt",
+    "smaller than": "$lt",
+    "under": "$lt",
+    "below": "$lt",
+    "at most": "$lte",
+    "no more than": "$lte",
+    "not more than": "$lte",
+    "up to": "$lte",
+    "a maximum of": "$lte",
+}
+_TOP_RE = re.compile(r"\b(top|first|bottom|last)\s+" + _COUNT + r"\b", re.I)
+_RANK_RE = re.compile(
+    r"\b(most|highest|largest|biggest|greatest|many|lots\s+of|maximum|fewest|least|lowest"
+    r"|smallest|minimum)\b",
+    re.I,
+)
+_ASCENDING = {"fewest", "least", "lowest", "smallest", "minimum", "bottom"}
+_BY_RE = re.compile(
+    r"\b(?:by|in\s+terms\s+of|ranked\s+by|sorted\s+by|ordered\s+by)\s+([a-z ]{2,40})", re.I
+)
+_AGGREGATE_RULES: list[tuple[str, re.Pattern[str]]] = [
+    ("count", re.compile(r"\b(?:how\s+many|number\s+of|count(?:\s+of)?)\b", re.I)),
+    ("avg", re.compile(r"\b(?:average|avg|mean)\b", re.I)),
+    ("sum", re.compile(r"\b(?:total|sum|how\s+much|combined|altogether|in\s+all|revenue)\b", re.I)),
+    ("max", re.compile(r"\b(?:highest|maximum|max|largest|biggest)\b", re.I)),
+    ("min", re.compile(r"\b(?:lowest|minimum|min|smallest)\b", re.I)),
+]
+_WHO_RE = re.compile(r"\b(?:who|whom|whose)\b", re.I)
+_NAME_RE = re.compile(
+    r"(?<![\w'])([A-Z][\w'.\-]*(?:\s+(?:[A-Z][\w'.\-]*|&|de|del|der|den|van|von|la|le|da|du|y"
+    r"|of|and))*)"
+)
+_QUOTED_RE = re.compile(r"[\"\u201c]([^\"\u201d]{2,80})[\"\u201d]")
 
-def _name_pattern(name: str) -> re.Pattern[str]:
-    words = name.split()
-    return re.compile(r"(?<!\w)" + r"\s+".join(re.escape(w) for w in words) + r"(?!\w)", re.I)
+
+# ---- the index of a vocabulary (built once per Vocabulary) ----
 
 
-def _category_variants(name: str) -> list[str]:
-    low = name.strip().lower()
-    variants = {low}
-    if low.endswith("s") and len(low) > 3:
-        variants.add(low[:-1])
-    else:
-        variants.add(low + "s")
-    return sorted(variants, key=len, reverse=True)
+@dataclass
+class _Index:
+    values: dict[tuple[str, ...], list[tuple[str, str, str, str]]]  # -> (type, key, value, how)
+    max_len: int
+    type_words: dict[str, set[str]]  # type -> stems of its name words and synonyms
+    key_words: dict[tuple[str, str], list[str]]  # (type, key) -> its words (stems)
+    names: list[tuple[str, str, str]]  # (lower-case value, type, key) of text keys, for fuzzy
+
+
+_indexes: weakref.WeakKeyDictionary[Vocabulary, _Index] = weakref.WeakKeyDictionary()
+
+
+def _index(vocabulary: Vocabulary) -> _Index:
+    hit = _indexes.get(vocabulary)
+    if hit is not None:
+        return hit
+    values: dict[tuple[str, ...], list[tuple[str, str, str, str]]] = {}
+
+    def add(words: list[str], entry: tuple[str, str, str, str]) -> None:
+        if not words or len(words) > 10:
+            return
+        variants = {tuple(words), (*words[:-1], singular(words[-1]))}
+        for v in variants:
+            if entry not in values.setdefault(v, []):
+                values[v].append(entry)
+
+    type_words: dict[str, set[str]] = {}
+    key_words: dict[tuple[str, str], list[str]] = {}
+    names: list[tuple[str, str, str]] = []
+    for t in vocabulary.types.values():
+        words = {stem(w) for w in name_words(t.name) if len(w) > 2}
+        words -= {stem(w) for w in _GENERIC_TYPE_WORDS}
+        for s in t.synonyms:
+            words |= {stem(w) for w in tokens(s)}
+        type_words[t.name] = words
+        for k in t.keys.values():
+            kw = [stem(w) for w in name_words(k.name) if w not in _KEY_NOISE]
+            for s in k.synonyms:
+                kw += [stem(w) for w in tokens(s) if w not in _KEY_NOISE]
+            key_words[(t.name, k.name)] = kw
+            if k.type not in ("text", "text[]"):
+                continue
+            for value in k.values:
+                words_of = tokens(value)
+                if len(value.strip()) < 2 or not any(w.isalpha() for w in words_of):
+                    continue
+                add(words_of, (t.name, k.name, value, "value"))
+                if len(words_of) <= 6:
+                    names.append((" ".join(words_of), t.name, k.name))
+            for value, synonyms in k.value_synonyms.items():
+                for s in synonyms:
+                    add(tokens(s), (t.name, k.name, value, "synonym"))
+                add(tokens(value), (t.name, k.name, value, "value"))
+    built = _Index(values, max((len(k) for k in values), default=0), type_words, key_words, names)
+    _indexes[vocabulary] = built
+    return built
 
 
 # ---- the rule-based parser ----
 
 
-def parse_question(
-    question: str,
-    *,
-    categories: Sequence[str],
-    today: dt.date | None = None,
-    known_names: Sequence[str] = (),
-    schemas: Mapping[str, Mapping[str, str]] | None = None,
-) -> ParsedQuery:
-    """Filters and intent for ``question``, by rules; no I/O.
+@dataclass
+class _Tok:
+    word: str  # lower case
+    start: int
+    end: int
 
-    ``categories`` are the category names found in the data (matched case-insensitively, also
-    singular/plural); ``known_names`` are customer names to recognise before the capitalised
-    word-pair rule; ``schemas`` (default SHOP_SCHEMAS) decide which keys a filter may use:
-    a rule whose key the preferred document type lacks is dropped with a note.
-    """
+
+def parse_question(
+    question: str, vocabulary: Vocabulary, *, today: dt.date | None = None
+) -> ParsedQuery:
+    """Filters, types and intent for ``question`` from ``vocabulary``, by rules; no I/O."""
     check_question(question)
     today = today or dt.date.today()
-    schemas = SHOP_SCHEMAS if schemas is None else schemas
     text = question.replace("\u2019", "'").replace("\u2018", "'")
+    index = _index(vocabulary)
+    toks = [_Tok(m.group(0), m.start(), m.end()) for m in re.finditer(r"[0-9a-z]+", text.lower())]
     matched: list[Matched] = []
     notes: list[str] = []
-    taken: list[tuple[int, int]] = []  # spans already explained (ids, names, categories)
+    mentions: list[Mention] = []
+    taken: list[tuple[int, int]] = []
+    types = vocabulary.types
 
-    def take(m: re.Match[str], meaning: str, group: int = 0) -> None:
-        matched.append(Matched(m.group(group), meaning))
-        taken.append(m.span(group))
-
-    def free(m: re.Match[str]) -> bool:
-        a, b = m.span()
+    def free(a: int, b: int) -> bool:
         return all(b <= x or a >= y for x, y in taken)
 
-    customer_id: int | None = None
-    if (m := _CUSTOMER_ID_RE.search(text)) is not None:
-        customer_id = int(m.group(1))
-        take(m, "customer_id = " + str(customer_id))
-    order_id: int | None = None
-    if (m := _ORDER_ID_RE.search(text)) is not None and free(m):
-        order_id = int(m.group(1))
-        take(m, "order_id = " + str(order_id))
+    def take(a: int, b: int) -> None:
+        taken.append((a, b))
 
-    segments: list[str] = []
-    for segment, pattern in _SEGMENT_PATTERNS:
-        if (m := pattern.search(text)) is not None and free(m):
-            segments.append(segment)
-            take(m, "segment = " + segment)
+    def negated(start: int) -> bool:
+        """A negator at most two words before ``start``, in the same clause ("not delivered",
+        "has not yet been delivered"; not "(not guests) used Table Tennis")."""
+        found = list(_NEGATOR_RE.finditer(text[max(0, start - 40) : start]))
+        if not found:
+            return False
+        between = text[max(0, start - 40) : start][found[-1].end() :]
+        return not re.search(r"[(),;:.!?]", between) and len(tokens(between)) <= 2
 
-    found_categories: list[str] = []
-    for name in sorted(dict.fromkeys(categories), key=len, reverse=True):
-        for variant in _category_variants(name):
-            hit = re.search(r"(?<!\w)" + re.escape(variant) + r"(?!\w)", text, re.I)
-            if hit is not None and free(hit):
-                found_categories.append(name)
-                take(hit, "category " + name)
-                break
-    found_categories.sort(key=list(categories).index)
-
-    customer_name = _find_name(text, known_names, take, free)
-
-    undelivered = _UNDELIVERED_RE.search(text)
-    statuses: list[str] = []
-    if undelivered is not None:
-        take(undelivered, "status not in delivered, cancelled")
-    else:
-        for m in _STATUS_RE.finditer(text):
-            status = m.group(1).lower().replace("canceled", "cancelled")
-            if status not in statuses:
-                statuses.append(status)
-                take(m, "status = " + status)
-
-    returns = None
-    first_word = text.lstrip().split(" ", 1)[0].lower()
-    for m in _RETURN_RE.finditer(text):
-        if m.start() == len(text) - len(text.lstrip()) and first_word == "return":
-            continue  # "Return the ..." is an imperative, not a product return
-        returns = m
-        break
-
-    time_range = _time_range(text, today, free)
+    # 1. a time phrase
+    time_range = _time_range(text, today, lambda m: free(*m.span()))
     if time_range is not None:
+        pos = text.find(time_range.phrase)
+        take(pos, pos + len(time_range.phrase))
         matched.append(Matched(time_range.phrase, _describe_range(time_range)))
 
-    stats_hits = [m.group(0) for m in _STATS_RE.finditer(text)]
-    needs_stats = bool(stats_hits)
-    if needs_stats:
-        matched.append(Matched(", ".join(stats_hits), "needs exact numbers"))
+    # 2. identifiers: "<entity> 42" for integer keys named <entity>_id
+    for t in types.values():
+        for k in t.keys.values():
+            if k.type != "integer":
+                continue
+            entities = _id_entities(k)
+            if not entities:
+                continue
+            spellings = entities + [s for s in k.synonyms if not _id_form(s)]
+            for spelling in spellings:
+                pattern = (
+                    r"\b"
+                    + r"[\s_]+".join(re.escape(w) for w in tokens(spelling))
+                    + r"s?\s*(?:#|ids?\b|no\.?|number|nr\.?)?\s*[:#]?\s*(\d{1,18})\b"
+                )
+                for m in re.finditer(pattern, text, re.I):
+                    if not free(*m.span()) and not any(x.phrase == m.group(0) for x in mentions):
+                        continue
+                    number = int(m.group(1))
+                    same = [x for x in mentions if x.how == "id" and x.span == m.span()]
+                    if same and same[0].condition == number:
+                        mentions[mentions.index(same[0])] = replace(
+                            same[0], keys=(*same[0].keys, (t.name, k.name))
+                        )
+                        continue
+                    mentions.append(
+                        Mention(m.group(0), ((t.name, k.name),), number, "id", m.span())
+                    )
+                    take(*m.span())
 
-    # The preferred document type.
-    who = _WHO_RE.search(text) is not None
-    order_signal = (
-        _ORDER_WORDS_RE.search(text) is not None
-        or bool(statuses)
-        or undelivered is not None
-        or order_id is not None
-        or time_range is not None
-    )
-    customer_signal = who or bool(segments) or _CUSTOMER_WORDS_RE.search(text) is not None
-    if undelivered is not None or statuses or order_id is not None:
-        doc_types: tuple[str, ...] = (ORDER_DETAIL,)
-    elif who:
-        doc_types = (CUSTOMER_PROFILE,)
-    elif order_signal or returns is not None:
-        doc_types = (ORDER_DETAIL,)
-    elif customer_signal:
-        doc_types = (CUSTOMER_PROFILE,)
-    else:
-        doc_types = (CUSTOMER_PROFILE, ORDER_DETAIL)
-    primary = doc_types[0] if len(doc_types) == 1 else None
-
-    if needs_stats:
-        intent = "stats"
-    elif primary == CUSTOMER_PROFILE:
-        intent = "customers"
-    elif primary == ORDER_DETAIL:
-        intent = "products" if _PRODUCT_WORDS_RE.search(text) else "orders"
-    else:
-        intent = "lookup"
-
-    # The filter, for the keys the preferred document type(s) have.
-    known = [schemas[d] for d in doc_types if d in schemas]
-    keys = set.intersection(*(set(s) for s in known)) if known else set()
-    wanted: list[tuple[str, Any, str]] = []
-    if customer_id is not None:
-        wanted.append(("customer_id", customer_id, "customer " + str(customer_id)))
-    if order_id is not None:
-        wanted.append(("order_id", order_id, "order " + str(order_id)))
-    if segments:
-        value: Any = segments[0] if len(segments) == 1 else {"$in": segments}
-        wanted.append(("segment", value, "segment"))
-    if found_categories:
-        value = (
-            {"$contains": found_categories[0]}
-            if len(found_categories) == 1
-            else {"$in": found_categories}
+    # 3. values of text keys, longest phrase first
+    boolean_words = {
+        x.word
+        for x in toks
+        if any(
+            same_word(_unprefixed(x.word), w)
+            for t in types.values()
+            for k in t.keys.values()
+            if k.type == "boolean"
+            for w in index.key_words[(t.name, k.name)]
         )
-        wanted.append(("categories", value, "categories"))
-    if undelivered is not None:
-        wanted.append(("status", {"$nin": list(UNDELIVERED)}, undelivered.group(0)))
-    elif statuses:
-        wanted.append(
-            ("status", statuses[0] if len(statuses) == 1 else {"$in": statuses}, "status")
-        )
-    if returns is not None:
-        key = _RETURN_KEY.get(primary or CUSTOMER_PROFILE, "has_returns")
-        wanted.append((key, True, returns.group(0)))
-        matched.append(Matched(returns.group(0), key + " = true"))
-    if time_range is not None:
-        key = _DATE_KEY.get(primary or ORDER_DETAIL, "order_date")
-        wanted.append((key, time_range.as_filter(), time_range.phrase))
+    }
+    for n in range(min(index.max_len, len(toks)), 0, -1):
+        for i in range(len(toks) - n + 1):
+            span = (toks[i].start, toks[i + n - 1].end)
+            if not free(*span):
+                continue
+            words = tuple(t.word for t in toks[i : i + n])
+            entries = index.values.get(words) or index.values.get(
+                (*words[:-1], singular(words[-1]))
+            )
+            if not entries:
+                continue
+            phrase = text[span[0] : span[1]]
+            if n == 1 and words[0] in boolean_words:
+                continue  # a boolean key's word ("guests": is_guest) before a one-word value
+            if n == 1 and words[0] in _COMMON:
+                following = toks[i + 1].word if i + 1 < len(toks) else ""
+                entries = [
+                    e
+                    for e in entries
+                    if stem(following) in index.type_words.get(e[0], set())
+                    or (phrase == e[2] and phrase != phrase.lower() and i > 0)
+                ]
+                if not entries:
+                    continue
+            value_keys = tuple(dict.fromkeys((e[0], e[1]) for e in entries))
+            values = list(dict.fromkeys(e[2] for e in entries))
+            # one phrase, one value (a phrase holding several values of one key keeps them all)
+            value: Any = values[0] if len(values) == 1 else {"$in": values}
+            how = "synonym" if all(e[3] == "synonym" for e in entries) else "value"
+            if negated(span[0]):
+                value = {"$ne": values[0]} if len(values) == 1 else {"$nin": values}
+            mentions.append(Mention(phrase, value_keys, value, how, span))
+            take(*span)
 
-    flt: dict[str, Any] = {}
-    schema: dict[str, str] = {}
-    for one in known:
-        schema.update(one)
-    for key, value, why in wanted:
-        if key not in keys:
+    # 4. names the store does not hold: a close spelling, or unknown
+    unknown: list[str] = []
+    for phrase, span in _name_phrases(text):
+        if not free(*span):
+            continue
+        close = _closest_names(phrase, index)
+        if close:
+            keys = tuple(dict.fromkeys((t, k) for _, t, k in close))
+            found = list(dict.fromkeys(v for v, _, _ in close))
+            # the declared spelling of the value (the index holds it lower-cased)
+            spelled = [_original(vocabulary, keys, v) for v in found]
+            value = spelled[0] if len(spelled) == 1 else {"$in": spelled}
+            mentions.append(Mention(phrase, keys, value, "fuzzy", span))
+            notes.append(f"{phrase!r} read as {' or '.join(map(repr, spelled))}")
+            take(*span)
+        else:
+            unknown.append(phrase)
+
+    # 5. booleans: the words of a boolean key
+    first = toks[0].word if toks else ""
+    for t in types.values():
+        for k in t.keys.values():
+            if k.type != "boolean":
+                continue
+            kwords = index.key_words[(t.name, k.name)]
+            if not kwords:
+                continue
+            hits = [
+                x
+                for x in toks
+                if free(x.start, x.end)
+                and any(same_word(_unprefixed(x.word), w) for w in kwords)
+                and not (x is toks[0] and first in ("return", "show", "list"))
+            ]
+            if not hits:
+                continue
+            # a verb with its object is not the flag ("who recommended Burton Tracy")
+            hits = [x for x in hits if not any(0 <= m.span[0] - x.end <= 1 for m in mentions)]
+            if not hits:
+                continue
+            at = hits[0]
+            # "not returned", "no returns", "unshipped", "non-refundable": false
+            flag = not negated(at.start) and _unprefixed(at.word) == at.word
+            same = [x for x in mentions if x.how == "boolean" and x.span == (at.start, at.end)]
+            if same and same[0].condition == flag:
+                mentions[mentions.index(same[0])] = replace(
+                    same[0], keys=(*same[0].keys, (t.name, k.name))
+                )
+                continue
+            mentions.append(
+                Mention(
+                    text[at.start : at.end],
+                    ((t.name, k.name),),
+                    flag,
+                    "boolean",
+                    (at.start, at.end),
+                )
+            )
+
+    # 6. comparisons of numbers
+    for m, op, low, high in _comparisons(text):
+        if not free(*m.span()):
+            continue
+        keys = _numeric_keys_near(
+            vocabulary, index, toks, m.span(), m.group("unit"), bool(m.group("cur"))
+        )
+        if not keys:
             notes.append(
-                f"{why!r} needs the metadata key {key!r}, which {'/'.join(doc_types)} lacks: "
-                "not filtered on"
+                f"{m.group(0).strip()!r}: no numeric key of the store matches it, not filtered on"
             )
             continue
-        # the rules only emit values of the key's declared type; say so if not
-        if not _fits(schema[key], value):
-            notes.append(f"{why!r} not filtered on: filter key {key!r} expects {schema[key]}")
-            continue
-        flt[key] = value
+        condition = {"$gte": low, "$lte": high} if op == "between" else {op: low}
+        mentions.append(Mention(m.group(0).strip(), keys, condition, "comparison", m.span()))
+        take(*m.span())
 
+    # 7. numbers asked for, and ranking
+    rank = _rank(vocabulary, index, text, toks)
+    plain = text  # the words of a ranking ("by total spent") ask for an order, not a sum
+    if rank is not None and (by := _BY_RE.search(text)) is not None:
+        plain = text[: by.start()] + " " * (by.end() - by.start()) + text[by.end() :]
+    aggregate = next((name for name, rx in _AGGREGATE_RULES if rx.search(plain)), None)
+
+    # 8. the type the question is about
+    doc_types = _choose_types(
+        vocabulary, index, toks, mentions, rank, text, taken, time_range is not None
+    )
+    if len(doc_types) > 1 and time_range is not None:
+        # a time phrase settles a tie: the types with a date key the question names ("joined
+        # in 2012": join_date), else the finer-grained (child) types, which hold the events
+        named = tuple(
+            d for d in doc_types if _date_keys(vocabulary, index, toks, [d], named_only=True)
+        )
+        children = tuple(d for d in doc_types if vocabulary.types[d].parent_type is not None)
+        doc_types = named or children or doc_types
+    if time_range is not None:
+        # "how much did Regular customers spend in 2023": the time is the events' (the child
+        # type's dates), unless the question names a date of the type itself ("joined in 2012")
+        moved: list[str] = []
+        for d in doc_types:
+            dated_children = [
+                t.name
+                for t in types.values()
+                if t.parent_type == d and any(k.type == "date" for k in t.keys.values())
+            ]
+            if dated_children and not _date_keys(vocabulary, index, toks, [d], named_only=True):
+                moved += dated_children
+            else:
+                moved.append(d)
+        doc_types = tuple(sorted(dict.fromkeys(moved)))
+
+    # 9. the filter, for the keys of the chosen types
+    flt: dict[str, Any] = {}
+    ors: list[dict[str, Any]] = []
+    links: list[Link] = []
+    schema = {k: v for t in doc_types for k, v in vocabulary.schemas()[t].items()}
+    for mention in mentions:
+        names = list(
+            dict.fromkeys(
+                k for t in doc_types for k in _preferred_keys(vocabulary, index, toks, mention, t)
+            )
+        )
+        if not names:
+            link = _link(vocabulary, mention, doc_types)
+            if link is not None:
+                links.append(link)
+                matched.append(
+                    Matched(
+                        mention.phrase,
+                        f"{link.key} of the {link.via_type} whose {link.via_key} "
+                        f"{_show(link.condition)}",
+                    )
+                )
+                continue
+            owners = sorted({t for t, _ in mention.keys})
+            notes.append(
+                f"{mention.phrase!r} is about {', '.join(owners)}, not "
+                f"{'/'.join(doc_types)}: not filtered on"
+            )
+            continue
+        conditions = {
+            k: c for k in names if (c := _for_key(schema[k], mention.condition)) is not None
+        }
+        if not conditions:
+            continue
+        matched.append(
+            Matched(mention.phrase, " or ".join(f"{k} {_show(c)}" for k, c in conditions.items()))
+        )
+        if len(conditions) == 1:
+            ((key, condition),) = conditions.items()
+            _merge(flt, ors, key, condition)
+        else:
+            ors.append({"$or": [{k: c} for k, c in conditions.items()]})
+    if time_range is not None:
+        date_keys = _date_keys(vocabulary, index, toks, doc_types)
+        if date_keys:
+            condition = time_range.as_filter()
+            if len(date_keys) == 1:
+                _merge(flt, ors, date_keys[0], condition)
+            else:
+                ors.append({"$or": [{k: condition} for k in date_keys]})
+        else:
+            notes.append(
+                f"{time_range.phrase!r}: {'/'.join(doc_types)} has no date key, not filtered on"
+            )
+    if len(ors) == 1:
+        flt.update(ors[0])
+    elif ors:
+        flt["$and"] = ors
+
+    if rank is not None:
+        schema = {k: v for t in doc_types for k, v in vocabulary.schemas()[t].items()}
+        if rank.key not in schema:
+            notes.append(
+                f"{rank.phrase!r}: {'/'.join(doc_types)} has no key {rank.key}, "
+                "ranked by similarity"
+            )
+            rank = None
+        else:
+            matched.append(
+                Matched(
+                    rank.phrase,
+                    f"ranked by {rank.key} {'descending' if rank.descending else 'ascending'}",
+                )
+            )
+    needs_stats = aggregate is not None and (rank is None or aggregate not in ("max", "min"))
+    if needs_stats:
+        matched.append(Matched(aggregate or "", "needs exact numbers"))
+    if rank is not None:
+        intent = "rank"
+    elif needs_stats:
+        intent = "stats"
+    elif any(m.how in ("id", "value", "fuzzy") for m in mentions):
+        intent = "lookup"
+    else:
+        intent = "search"
     return ParsedQuery(
         search_text=question,
         filter=flt,
         doc_types=doc_types,
         needs_stats=needs_stats,
         intent=intent,
-        customer_id=customer_id,
-        customer_name=customer_name,
-        order_id=order_id,
+        aggregate=aggregate,
+        rank_by=rank,
         time_range=time_range,
-        segments=tuple(segments),
-        categories=tuple(found_categories),
+        mentions=tuple(mentions),
+        unknown_names=tuple(unknown),
+        links=tuple(links),
         matched=tuple(matched),
         notes=tuple(notes),
     )
 
 
+def _show(condition: Any) -> str:
+    if isinstance(condition, Mapping):
+        return json.dumps(condition, default=str)
+    return "= " + json.dumps(condition, default=str)
+
+
+def _merge(flt: dict[str, Any], ors: list[dict[str, Any]], key: str, condition: Any) -> None:
+    """Add ``key: condition``. Two values of one key ("VIP and dormant customers", "books and
+    toys") are either of them ($in); other conditions on one key all apply."""
+
+    def values(c: Any) -> list[Any] | None:
+        if not isinstance(c, Mapping):
+            return [c]
+        if set(c) == {"$contains"}:
+            return [c["$contains"]]
+        if set(c) == {"$in"}:
+            return list(c["$in"])
+        return None
+
+    if key not in flt:
+        flt[key] = condition
+        return
+    old, new = values(flt[key]), values(condition)
+    if old is not None and new is not None:
+        flt[key] = {"$in": list(dict.fromkeys(old + new))}
+    elif (
+        isinstance(flt[key], Mapping)
+        and isinstance(condition, Mapping)
+        and not (set(flt[key]) & set(condition))
+    ):
+        flt[key] = {**flt[key], **condition}
+    else:
+        ors.append({"$and": [{key: flt.pop(key)}, {key: condition}]})
+
+
+def _unprefixed(word: str) -> str:
+    """A word without a negating prefix: unshipped -> shipped, nonrefundable -> refundable."""
+    for prefix in ("non", "un"):
+        if word.startswith(prefix) and len(word) - len(prefix) >= 4:
+            return word[len(prefix) :]
+    return word
+
+
+def _for_key(type_name: str, condition: Any) -> Any:
+    """``condition`` as the filter language writes it for a key of ``type_name`` (an array key
+    contains a value), or None when it cannot apply there."""
+    if not _fits(type_name, condition):
+        return None
+    if not type_name.endswith("[]"):
+        return condition
+    if not isinstance(condition, Mapping):
+        return {"$contains": condition}
+    return condition if set(condition) == {"$in"} else None
+
+
 def _fits(type_name: str, value: Any) -> bool:
-    """Whether every value in a rule's condition (a value, or an operator object) fits."""
+    """Whether every value in a condition (a value, or an operator object) fits the key's type."""
+    if type_name.endswith("[]"):
+        type_name = type_name[:-2]
     operands = value.values() if isinstance(value, Mapping) else [value]
     return all(
         value_fits(type_name, v)
@@ -426,23 +808,340 @@ def _fits(type_name: str, value: Any) -> bool:
     )
 
 
-def _find_name(text: str, known_names: Sequence[str], take: Any, free: Any) -> str | None:
-    """A known name in ``text``, else the first capitalised word pair that can be a name."""
-    for name in sorted(known_names, key=len, reverse=True):
-        m = _name_pattern(name.strip()).search(text) if name.strip() else None
-        if m is not None and free(m):
-            take(m, "customer name " + name)
-            return name
+def _original(vocabulary: Vocabulary, keys: Sequence[tuple[str, str]], lower: str) -> str:
+    for t, k in keys:
+        for value in vocabulary.types[t].keys[k].values:
+            if " ".join(tokens(value)) == lower:
+                return value
+    return lower
+
+
+def _name_phrases(text: str) -> list[tuple[str, tuple[int, int]]]:
+    """Quoted phrases, and runs of two or more capitalised words (leading question words off)."""
+    out: list[tuple[str, tuple[int, int]]] = []
+    for m in _QUOTED_RE.finditer(text):
+        out.append((m.group(1), m.span(1)))
     for m in _NAME_RE.finditer(text):
-        first, last = m.group(1), m.group(2)
-        if first in _NOT_NAMES or last in _NOT_NAMES or first.upper() == "VIP":
+        words = m.group(1).split()
+        start = m.start(1)
+        while words and (words[0].rstrip("'s") in _NOT_NAMES or words[0] in _NOT_NAMES):
+            start = text.index(words[0], start) + len(words[0])
+            words = words[1:]
+        while words and words[-1] in _NOT_NAMES:
+            words = words[:-1]
+        while words and words[-1].lower() in ("of", "and", "&", "de", "van", "von", "la", "le"):
+            words = words[:-1]
+        if len(words) < 2:
             continue
-        whole = re.compile(re.escape(first) + r"\s+" + re.escape(last)).match(text, m.start(1))
-        if whole is None or not free(whole):
+        phrase = " ".join(words).rstrip(".,;:?!")
+        if phrase.endswith("'s"):
+            phrase = phrase[:-2]
+        at = text.index(words[0], start)
+        out.append((phrase, (at, at + len(phrase))))
+    return out
+
+
+def _closest_names(phrase: str, index: _Index) -> list[tuple[str, str, str]]:
+    """Values spelled like ``phrase`` (ratio >= 0.8 on lower-case words), the best ones."""
+    wanted = " ".join(tokens(phrase))
+    if not wanted:
+        return []
+    n = len(wanted.split())
+    best: list[tuple[str, str, str]] = []
+    best_ratio = 0.8
+    matcher = difflib.SequenceMatcher(autojunk=False)
+    matcher.set_seq2(wanted)
+    for value, t, k in index.names:
+        if abs(len(value.split()) - n) > 1 or value[:1] != wanted[:1]:
             continue
-        take(whole, "customer name " + first + " " + last)
-        return first + " " + last
+        matcher.set_seq1(value)
+        if matcher.real_quick_ratio() < best_ratio or matcher.quick_ratio() < best_ratio:
+            continue
+        ratio = matcher.ratio()
+        if ratio > best_ratio + 1e-9:
+            best, best_ratio = [(value, t, k)], ratio
+        elif abs(ratio - best_ratio) <= 1e-9:
+            best.append((value, t, k))
+    return best
+
+
+def _number(word: str) -> float | int:
+    w = word.replace(",", "").lower()
+    if w in _NUMBER_WORDS:
+        return _NUMBER_WORDS[w]
+    return float(w) if "." in w else int(w)
+
+
+def _comparisons(text: str) -> list[tuple[re.Match[str], str, Any, Any]]:
+    out: list[tuple[re.Match[str], str, Any, Any]] = []
+    for m in _BETWEEN_RE.finditer(text):
+        out.append((m, "between", _number(m.group(2)), _number(m.group(3))))
+    for m in _COMPARE_RE.finditer(text):
+        op = _OPS[" ".join(m.group("op").lower().split())]
+        out.append((m, op, _number(m.group(3)), None))
+    for m in _OR_MORE_RE.finditer(text):
+        direction = (m.group("dir") or "more").lower()
+        op = "$gte" if direction in ("more", "over") else "$lte"
+        if m.group(0).strip().endswith("+") or m.group("dir"):
+            out.append((m, op, _number(m.group(2)), None))
+    return out
+
+
+def _numeric_keys_near(
+    vocabulary: Vocabulary,
+    index: _Index,
+    toks: Sequence[_Tok],
+    span: tuple[int, int],
+    unit: str | None,
+    money: bool,
+) -> tuple[tuple[str, str], ...]:
+    """Per type, the numeric key a comparison at ``span`` is about: by the unit after the
+    number, then the words before it, then anywhere; money words for a currency sign; the type's
+    only numeric key when nothing names one."""
+    before = [t.word for t in toks if t.end <= span[0]][-4:]
+    elsewhere = [t.word for t in toks if t.end <= span[0] or t.start >= span[1]]
+    money_words = {stem(x) for x in _MONEY_WORDS}
+    chosen: list[tuple[str, str]] = []
+    for t in vocabulary.types.values():
+        scored: dict[str, float] = {}
+        numeric = [k for k in t.keys.values() if k.type in ("integer", "numeric") and not _is_id(k)]
+        for k in numeric:
+            words = index.key_words[(t.name, k.name)]
+            score = 0.0
+            if unit and any(same_word(unit, w) for w in words):
+                score += 3
+            score += 2 * sum(any(same_word(b, w) for w in words) for b in before)
+            score += 0.5 * sum(any(same_word(b, w) for w in words) for b in elsewhere)
+            if money and any(w in money_words for w in words):
+                score += 1.5
+            if score > 0:
+                scored[k.name] = score
+        if scored:
+            chosen.append((t.name, max(sorted(scored), key=lambda k: scored[k])))
+        elif len(numeric) == 1:
+            chosen.append((t.name, numeric[0].name))
+    return tuple(chosen)
+
+
+def _id_form(spelling: str) -> str | None:
+    """The entity an identifier's name names: customer_id -> customer, memid -> mem; else None."""
+    words = name_words(spelling)
+    if len(words) > 1 and words[-1] in _ID_TAILS:
+        return " ".join(words[:-1])
+    if len(words) == 1 and words[0].endswith("id") and len(words[0]) > 3:
+        return words[0][:-2]
     return None
+
+
+def _id_entities(key: KeyWords) -> list[str]:
+    """The entities an identifier key names, by its name or its synonyms ("customer id")."""
+    found = (_id_form(s) for s in (key.name, *key.synonyms))
+    return list(dict.fromkeys(e for e in found if e))
+
+
+def _is_id(key: KeyWords) -> bool:
+    return key.type in ("integer", "text") and bool(_id_entities(key))
+
+
+def _rank(vocabulary: Vocabulary, index: _Index, text: str, toks: Sequence[_Tok]) -> RankBy | None:
+    """ "top 5 ... by revenue", "the most returns", "spent the most": a numeric key to order by."""
+    top = _TOP_RE.search(text)
+    limit = _count(top.group(2)) if top else None
+    m = next(
+        (
+            x
+            for x in _RANK_RE.finditer(text)
+            if not re.search(r"\b(?:how|at)\s+$", text[: x.start()], re.I)
+        ),
+        None,
+    )
+    by = _BY_RE.search(text)
+    if m is None and top is None:
+        return None
+    descending = not (
+        (m is not None and m.group(1).lower() in _ASCENDING)
+        or (top is not None and top.group(1).lower() == "bottom")
+    )
+    weights: dict[int, float] = {}
+    if by is not None:
+        for tok in toks:
+            if by.start(1) <= tok.start < by.end(1):
+                weights[tok.start] = 3.0
+    if m is not None:
+        for tok in [x for x in toks if x.start >= m.end()][:3]:
+            weights.setdefault(tok.start, 2.0)
+        for tok in [x for x in toks if x.end <= m.start()][-3:]:
+            weights.setdefault(tok.start, 1.0)
+    scored: dict[str, float] = {}
+    for t in vocabulary.types.values():
+        for k in t.keys.values():
+            if k.type not in ("integer", "numeric") or _is_id(k):
+                continue
+            words = index.key_words[(t.name, k.name)]
+            score = sum(
+                w
+                for tok in toks
+                if (w := weights.get(tok.start, 0.0)) and any(same_word(tok.word, x) for x in words)
+            )
+            if score > 0:
+                scored[k.name] = max(scored.get(k.name, 0.0), score)
+    if not scored:
+        return None
+    key = max(sorted(scored), key=lambda k: scored[k])
+    phrase = " ".join(x.group(0) for x in (top, m, by) if x is not None)
+    return RankBy(key, descending, limit, phrase)
+
+
+def _choose_types(
+    vocabulary: Vocabulary,
+    index: _Index,
+    toks: Sequence[_Tok],
+    mentions: Sequence[Mention],
+    rank: RankBy | None,
+    text: str,
+    taken: Sequence[tuple[int, int]],
+    timed: bool,
+) -> tuple[str, ...]:
+    """The types the question is about, by points: named by the question (its name's words, its
+    synonyms: 3 each); holding a value it names (2 per mention); having a key whose words it uses
+    that not every type has (1 per word); the ranking key (1); a root type for "who" (1); a
+    child type with dates for a time phrase (1). Ties: the named type when every other tied
+    type's values link into it (a parent's or child's key through a shared identifier)."""
+    if not vocabulary.types:
+        return ()
+    scores = {name: 0.0 for name in vocabulary.types}
+    free_words = [t.word for t in toks if all(t.end <= a or t.start >= b for a, b in taken)]
+    named_types: set[str] = set()
+    for name in scores:
+        words = index.type_words.get(name, set())
+        named = {w for w in free_words if stem(w) in words}
+        scores[name] += 3 * len(named)
+        if named:
+            named_types.add(name)
+    for mention in mentions:
+        for owner in {owner for owner, _ in mention.keys}:
+            scores[owner] += 2
+    for word in set(free_words):
+        having = {
+            name
+            for name in scores
+            for k in vocabulary.types[name].keys.values()
+            if not _is_id(k) and any(same_word(word, w) for w in index.key_words[(name, k.name)])
+        }
+        if 0 < len(having) < len(scores):
+            for name in having:
+                scores[name] += 1
+    if rank is not None:
+        for t in vocabulary.types.values():
+            if rank.key in t.keys:
+                scores[t.name] += 1
+    if _WHO_RE.search(text):
+        for t in vocabulary.types.values():
+            if t.parent_type is None:
+                scores[t.name] += 1
+    if timed:
+        for t in vocabulary.types.values():
+            if t.parent_type is not None and any(k.type == "date" for k in t.keys.values()):
+                scores[t.name] += 1
+    best = max(scores.values())
+    if best <= 0:
+        return tuple(sorted(vocabulary.types))
+    tied = tuple(sorted(n for n, s in scores.items() if s == best))
+    for name in sorted(named_types & set(tied)):
+        others = [m for m in mentions if not any(o == name for o, _ in m.keys)]
+        if all(_link(vocabulary, m, [name]) is not None for m in others):
+            return (name,)
+    return tied
+
+
+def _link(vocabulary: Vocabulary, mention: Mention, doc_types: Sequence[str]) -> Link | None:
+    """A mention of a key of the parent (or a child) of a chosen type, joined through an
+    identifier key both types have (same name, same type)."""
+    for d in doc_types:
+        related = [vocabulary.types[d].parent_type] + [
+            t.name for t in vocabulary.types.values() if t.parent_type == d
+        ]
+        for via_type, via_key in mention.keys:
+            if via_type not in related or via_type is None:
+                continue
+            via, own = vocabulary.types[via_type].keys, vocabulary.types[d].keys
+            shared = sorted(
+                k for k in via if k in own and via[k].type == own[k].type and _is_id(via[k])
+            )
+            condition = _for_key(via[via_key].type, mention.condition)
+            if shared and condition is not None:
+                return Link(mention.phrase, via_type, via_key, condition, shared[0])
+    return None
+
+
+def _preferred_keys(
+    vocabulary: Vocabulary, index: _Index, toks: Sequence[_Tok], mention: Mention, doc_type: str
+) -> list[str]:
+    """Of the keys of ``doc_type`` that hold a mention's value, the ones it is about: those whose
+    words are among the three before it ("recommended by X"), else the most identifying (most
+    distinct values per document: a member's own name before the names they recommended)."""
+    keys = [k for t, k in mention.keys if t == doc_type]
+    if len(keys) <= 1:
+        return keys
+    before = [t.word for t in toks if t.end <= mention.span[0]][-3:]
+    named = [
+        k
+        for k in keys
+        if any(same_word(b, w) for b in before for w in index.key_words[(doc_type, k)])
+    ]
+    if named:
+        return named
+    t = vocabulary.types[doc_type]
+
+    def identifying(key: str) -> float:
+        k = t.keys[key]
+        return 0.0 if k.type.endswith("[]") else k.distinct_values / max(t.documents, 1)
+
+    best = max(identifying(k) for k in keys)
+    return [k for k in keys if identifying(k) == best] if best > 0 else keys
+
+
+def _date_keys(
+    vocabulary: Vocabulary,
+    index: _Index,
+    toks: Sequence[_Tok],
+    doc_types: Sequence[str],
+    *,
+    named_only: bool = False,
+) -> list[str]:
+    """The date key a time phrase is about: the one whose words the question uses, else (unless
+    ``named_only``) each type's only date key."""
+    words = [t.word for t in toks]
+    chosen: list[str] = []
+    for name in doc_types:
+        keys = [k for k in vocabulary.types[name].keys.values() if k.type == "date"]
+        if not keys:
+            continue
+        scored = {
+            k.name: sum(
+                any(same_word(w, x) for x in index.key_words[(name, k.name)]) for w in words
+            )
+            for k in keys
+        }
+        top = max(scored.values())
+        if top > 0:
+            chosen += [k for k, s in scored.items() if s == top][:1]
+        elif len(keys) == 1 and not named_only:
+            chosen.append(keys[0].name)
+        elif not named_only:
+            # several, none named: the type's own date (order_date of an order type, month of
+            # a member_month type), when exactly one is
+            own = {stem(w) for w in name_words(name)}
+            plain = {
+                k.name: sum(stem(w) in own for w in name_words(k.name))
+                + any(w in ("date", "month", "day") for w in name_words(k.name))
+                for k in keys
+            }
+            best = max(plain.values())
+            firsts = [k for k, v in plain.items() if v == best]
+            if len(firsts) == 1 and best > 1:
+                chosen.append(firsts[0])
+    return list(dict.fromkeys(chosen))
 
 
 # ---- time phrases ----
@@ -595,17 +1294,18 @@ def _describe_range(r: TimeRange) -> str:
 # ---- the LLM parser ----
 
 _LLM_SYSTEM = """\
-You turn a question about a shop's data into a search plan. Reply with one JSON object only:
-{"filter": {...}, "doc_types": [...], "needs_stats": true|false, "intent": "...",
- "customer_name": null|"...", "customer_id": null|123}
+You turn a question about a database into a search plan. Reply with one JSON object only:
+{"filter": {...}, "doc_types": [...], "needs_stats": true|false, "intent": "..."}
 
 The filter language (a JSON object; several keys in one object all apply):
-- equality: {"segment": "VIP"}; operators: {"key": {"$ne"|"$in"|"$nin": ...}}
+- equality: {"key": "value"}; operators: {"key": {"$ne"|"$in"|"$nin": ...}}
 - numbers and dates ('YYYY-MM-DD'): {"key": {"$gt"|"$gte"|"$lt"|"$lte": value}}
-- arrays: {"categories": {"$contains": "Books"}}, any of: {"categories": {"$in": [...]}}
+- arrays: {"key": {"$contains": "value"}}, any of: {"key": {"$in": [...]}}
 - logic: {"$and": [..]}, {"$or": [..]}, {"$not": {..}}
-Use only these document types and metadata keys (key: type):
+Use only these document types, metadata keys (key: type) and, for text keys, values seen in the
+data (a sample):
 """
+_LLM_VALUES_PER_KEY = 20
 
 
 @dataclass(frozen=True)
@@ -615,7 +1315,6 @@ class LLMParser:
     base_url: str | None
     model: str
     api_key: str | None = field(default=None, repr=False)
-    schemas: Mapping[str, Mapping[str, str]] = field(default_factory=lambda: SHOP_SCHEMAS)
     timeout_s: float = 30.0
     # The filter language's check of a proposal (InvalidFilter if it does not hold), e.g.
     # ``lambda f, types: pgrag.filters.check_filter(conn, f, types)``; without it a proposal's
@@ -625,45 +1324,41 @@ class LLMParser:
     )
 
     def parse(
-        self,
-        question: str,
-        *,
-        categories: Sequence[str],
-        today: dt.date | None = None,
-        known_names: Sequence[str] = (),
+        self, question: str, vocabulary: Vocabulary, *, today: dt.date | None = None
     ) -> ParsedQuery:
         """The model's parse if it validates, else the rule-based parse with a note why."""
         today = today or dt.date.today()
-        rules = parse_question(
-            question,
-            categories=categories,
-            today=today,
-            known_names=known_names,
-            schemas=self.schemas,
-        )
+        rules = parse_question(question, vocabulary, today=today)
         try:
-            content = self._ask(question, categories, today)
+            content = self._ask(question, vocabulary, today)
         except PgragError as exc:
             return replace(rules, notes=(*rules.notes, "LLM parser not used: " + str(exc)))
         try:
-            return self._validate(question, content, rules)
+            return self._validate(content, rules, vocabulary)
         except (InvalidFilter, ValueError) as exc:
             note = "LLM parser's proposal rejected (" + str(exc) + "): used the rule-based parse"
             return replace(rules, notes=(*rules.notes, note))
 
     def messages(
-        self, question: str, categories: Sequence[str], today: dt.date
+        self, question: str, vocabulary: Vocabulary, today: dt.date
     ) -> list[dict[str, str]]:
+        described: dict[str, Any] = {}
+        for t in vocabulary.types.values():
+            keys: dict[str, Any] = {}
+            for k in t.keys.values():
+                one: dict[str, Any] = {"type": k.type}
+                if k.description:
+                    one["description"] = k.description
+                if k.synonyms:
+                    one["synonyms"] = list(k.synonyms)
+                if k.values:
+                    one["values"] = list(k.values)[:_LLM_VALUES_PER_KEY]
+                keys[k.name] = one
+            described[t.name] = {"description": t.description, "keys": keys}
         system = (
             _LLM_SYSTEM
-            + json.dumps(self.schemas, indent=1, sort_keys=True)
-            + "\nSegments: "
-            + ", ".join(SEGMENTS)
-            + ". Order statuses: "
-            + ", ".join(ORDER_STATUSES)
-            + ". Categories: "
-            + json.dumps(list(categories))
-            + ". Today is "
+            + json.dumps(described, indent=1, sort_keys=True, default=str)
+            + "\nToday is "
             + today.isoformat()
             + ".\nintent is one of: "
             + ", ".join(INTENTS)
@@ -671,7 +1366,7 @@ class LLMParser:
         )
         return [{"role": "system", "content": system}, {"role": "user", "content": question}]
 
-    def _ask(self, question: str, categories: Sequence[str], today: dt.date) -> str:
+    def _ask(self, question: str, vocabulary: Vocabulary, today: dt.date) -> str:
         try:
             import openai
         except ImportError as exc:
@@ -687,7 +1382,7 @@ class LLMParser:
         try:
             response = client.chat.completions.create(
                 model=self.model,
-                messages=self.messages(question, categories, today),
+                messages=self.messages(question, vocabulary, today),
                 response_format={"type": "json_object"},
                 temperature=0,
             )
@@ -700,7 +1395,7 @@ class LLMParser:
             raise PgragError("the chat endpoint returned no message content")
         return content
 
-    def _validate(self, question: str, content: str, rules: ParsedQuery) -> ParsedQuery:
+    def _validate(self, content: str, rules: ParsedQuery, vocabulary: Vocabulary) -> ParsedQuery:
         try:
             proposal = json.loads(content)
         except json.JSONDecodeError as exc:
@@ -709,11 +1404,11 @@ class LLMParser:
             raise ValueError("not a JSON object")
         raw_types = proposal.get("doc_types") or list(rules.doc_types)
         if not isinstance(raw_types, list) or not all(
-            isinstance(d, str) and d in self.schemas for d in raw_types
+            isinstance(d, str) and d in vocabulary.types for d in raw_types
         ):
             raise ValueError(
                 "doc_types must be a list of "
-                + ", ".join(sorted(self.schemas))
+                + ", ".join(sorted(vocabulary.types))
                 + ", not "
                 + json.dumps(raw_types)[:80]
             )
@@ -729,26 +1424,12 @@ class LLMParser:
         intent = proposal.get("intent")
         if intent not in INTENTS:
             intent = rules.intent
-        customer_id = proposal.get("customer_id")
-        if customer_id is not None and (
-            isinstance(customer_id, bool) or not isinstance(customer_id, int)
-        ):
-            raise ValueError("customer_id must be an integer or null")
-        customer_name = proposal.get("customer_name")
-        if customer_name is not None and not isinstance(customer_name, str):
-            raise ValueError("customer_name must be a string or null")
-        return ParsedQuery(
-            search_text=question,
+        return replace(
+            rules,
             filter=flt,
             doc_types=doc_types,
             needs_stats=needs_stats,
             intent=str(intent),
-            customer_id=customer_id,
-            customer_name=customer_name or None,
-            order_id=rules.order_id,
-            time_range=rules.time_range,
-            segments=rules.segments,
-            categories=rules.categories,
             matched=(Matched(content[:200], "LLM proposal (validated)"),),
             notes=(),
             parser="llm",

@@ -37,10 +37,10 @@ if TYPE_CHECKING:
     from pgrag.embed.cache import QueryCache, QueryVector
 
 Mode = Literal["hybrid", "vector", "text"]
-Match = Literal["all", "any"]
+Match = Literal["any", "all", "phrase"]
 
 MODES: tuple[Mode, ...] = ("hybrid", "vector", "text")
-MATCHES: tuple[Match, ...] = ("all", "any")
+MATCHES: tuple[Match, ...] = ("any", "all", "phrase")
 
 
 class VectorParam:
@@ -152,13 +152,32 @@ _SEARCH: LiteralString = (
 )
 # With exact statistics: each searched type's statistics over every chunk matching the filter,
 # and the hits, in one statement (one snapshot); one row with NULL hit columns when none is hit.
-_SEARCH_WITH_STATS: LiteralString = (
+_WITH_STATS: LiteralString = (
     "select h.*, st.stats, st.stats_cached from ("
     "select coalesce(jsonb_object_agg(d.doc_type, d.stats), '{}'::jsonb) as stats, "
     "coalesce(jsonb_object_agg(d.doc_type, d.cached), '{}'::jsonb) as stats_cached "
     "from pgrag.stats_detail(%(filter)s::jsonb, %(doc_types)s::text[]) d) st "
-    "left join lateral pgrag.search(" + _ARGS + ") h on true "
-    "order by h.score desc nulls last, h.id"
+    "left join lateral "
+)
+_SEARCH_WITH_STATS: LiteralString = (
+    _WITH_STATS + "pgrag.search(" + _ARGS + ") h on true order by h.score desc nulls last, h.id"
+)
+# pgrag.ranked's arguments, in its order: ranking by a numeric key instead of by similarity.
+_RANKED_ARGS: LiteralString = (
+    "%(by)s::text, %(filter)s::jsonb, %(doc_types)s::text[], %(descending)s::boolean, "
+    "%(k)s::integer"
+)
+_RANKED: LiteralString = (
+    "select h.*, null::jsonb as stats, null::jsonb as stats_cached from pgrag.ranked("
+    + _RANKED_ARGS
+    + ") h"
+)
+_RANKED_WITH_STATS: LiteralString = (
+    _WITH_STATS
+    + "pgrag.ranked("
+    + _RANKED_ARGS
+    + ") h on true "
+    + "order by case when %(descending)s::boolean then -h.score else h.score end nulls last, h.id"
 )
 
 
@@ -383,7 +402,58 @@ def search(
     """Search the chunks in one statement (``pgrag.search``, docs/search.md): ``query`` is the
     question (full text, and embedded unless a vector is given); the rest is ``options``
     (a ``SearchOptions``) and/or its fields as keywords."""
-    plan = _plan(query, SearchOptions.of(options, args))
+    return _drive(conn, _plan(query, SearchOptions.of(options, args)))
+
+
+class RankedArgs(TypedDict, total=False):
+    """``ranked``'s keyword arguments."""
+
+    filter: Mapping[str, Any] | None
+    doc_types: Sequence[str] | None
+    descending: bool
+    k: int | None
+    stats: bool
+
+
+def ranked(conn: psycopg.Connection[Any], by_key: str, **args: Unpack[RankedArgs]) -> SearchResult:
+    """The ``k`` chunks matching ``filter`` with the largest (``descending``, the default) or
+    smallest values of the numeric metadata key ``by_key`` (``pgrag.ranked``), with the types'
+    exact statistics under the filter when ``stats``: one statement."""
+    return _drive(conn, _ranked_plan(by_key, **args))
+
+
+async def aranked(
+    conn: psycopg.AsyncConnection[Any], by_key: str, **args: Unpack[RankedArgs]
+) -> SearchResult:
+    """``ranked`` on an async connection."""
+    return await _adrive(conn, _ranked_plan(by_key, **args))
+
+
+def _ranked_plan(
+    by_key: str,
+    filter: Mapping[str, Any] | None = None,
+    doc_types: Sequence[str] | None = None,
+    descending: bool = True,
+    k: int | None = None,
+    stats: bool = False,
+) -> Generator[_Step, Any, SearchResult]:
+    started = time.perf_counter()
+    params = {
+        "by": by_key,
+        "filter": None if filter is None else filter_param(filter),
+        "doc_types": None if doc_types is None else check_names(doc_types, "doc_types"),
+        "descending": descending,
+        "k": k,
+    }
+    rows = yield _Execute(_RANKED_WITH_STATS if stats else _RANKED, params)
+    elapsed = _ms(time.perf_counter() - started)
+    return _result(rows, {"search_ms": elapsed, "total_ms": elapsed}, None, "text")
+
+
+def _drive(
+    conn: psycopg.Connection[Any], plan: Generator[_Step, Any, SearchResult]
+) -> SearchResult:
+    """Run a plan's steps on ``conn``."""
     try:
         step = next(plan)
         while True:
@@ -411,7 +481,13 @@ async def asearch(
     **args: Unpack[SearchArgs],
 ) -> SearchResult:
     """``search`` on an async connection: the same plan, the same statement, the same results."""
-    plan = _plan(query, SearchOptions.of(options, args))
+    return await _adrive(conn, _plan(query, SearchOptions.of(options, args)))
+
+
+async def _adrive(
+    conn: psycopg.AsyncConnection[Any], plan: Generator[_Step, Any, SearchResult]
+) -> SearchResult:
+    """``_drive`` on an async connection."""
     try:
         step = next(plan)
         while True:
@@ -530,16 +606,19 @@ __all__ = [
     "ContextRow",
     "Match",
     "Mode",
+    "RankedArgs",
     "SearchArgs",
     "SearchHit",
     "SearchOptions",
     "SearchResult",
     "acontext",
+    "aranked",
     "asearch",
     "astats",
     "context",
     "declare_stats",
     "query_cache_for",
+    "ranked",
     "search",
     "stats",
 ]

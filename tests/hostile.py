@@ -19,7 +19,7 @@ import numpy as np
 import psycopg
 from hypothesis import strategies as st
 
-from pgrag.parse import SHOP_SCHEMAS
+from tests.shop_fixture import SHOP_SCHEMAS
 
 DIM = 384
 

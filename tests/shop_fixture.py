@@ -9,6 +9,34 @@ import psycopg
 from pgrag import migrate
 from pgrag.lab.sample_documents import declare_sample_documents
 
+# The shop's document types as sql/sample/shop_documents.sql declares them (test_documents checks).
+SHOP_SCHEMAS: dict[str, dict[str, str]] = {
+    "customer_profile": {
+        "customer_id": "integer",
+        "name": "text",
+        "order_ids": "integer[]",
+        "segment": "text",
+        "registration_year": "integer",
+        "categories": "text[]",
+        "has_returns": "boolean",
+        "return_count": "integer",
+        "total_orders": "integer",
+        "total_spent": "numeric",
+        "last_order_date": "date",
+    },
+    "order_detail": {
+        "order_id": "integer",
+        "customer_id": "integer",
+        "customer_name": "text",
+        "order_date": "date",
+        "status": "text",
+        "total": "numeric",
+        "categories": "text[]",
+        "has_returns": "boolean",
+        "segment": "text",
+    },
+}
+
 CUSTOMERS = [
     (1, "John Smith", "john@example.com", "VIP", "2022-03-01", "Boston", "USA"),
     (2, "Ana Lima", "ana@example.com", "Regular", "2023-05-10", "Lisbon", "Portugal"),

@@ -16,6 +16,7 @@ from pgrag.answer import (
     build_prompt,
     cited_ids,
     quote_data,
+    quote_lines,
 )
 from pgrag.errors import ConfigError, PgragError
 from tests.chat_server import ChatServer, Reply, unused_port_url
@@ -107,6 +108,29 @@ def test_extractive_answer_truncates_long_texts() -> None:
     result = answer("q", [long], None)
     assert result.text.endswith("...")
     assert len(result.text.splitlines()[-1]) < 700
+
+
+def test_extractive_answer_quotes_the_lines_that_match_the_question() -> None:
+    filler = "\n".join(
+        f"- Order {n} on 2024-01-{n:02d}: 1 x Pencil at $1.00." for n in range(1, 29)
+    )
+    text = "Invoice 7 for Ann Lee, total $130.\n" + filler + "\nLine items: 2 x Walnut Desk."
+    assert len(text) > 1200
+    quoted = quote_lines(text, "Which line items were on invoice 7?")
+    assert quoted.startswith("Invoice 7 for Ann Lee")
+    assert "Walnut Desk" in quoted and "Pencil" not in quoted
+    result = answer("Which line items were on invoice 7?", [Context(3, text)], None)
+    assert "Walnut Desk" in result.text
+    # nothing in common with the question: the first characters, as before
+    assert quote_lines(text, "zzz").startswith("Invoice 7") and quote_lines(text, "zzz").endswith(
+        "..."
+    )
+
+
+def test_the_headline_statistic_comes_first() -> None:
+    result = answer(QUESTION, CONTEXTS, STATS, headline=("order_detail.revenue", "139.50"))
+    lines = result.text.splitlines()
+    assert lines[2] == "Exact answer: order_detail.revenue = 139.50"
 
 
 # ---- the LLM path ----

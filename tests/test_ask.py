@@ -8,9 +8,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgrag.answer import LLMConfig
-from pgrag.ask import ask, forget_catalog
+from pgrag.answer import NOT_FOUND, LLMConfig
+from pgrag.ask import ask
 from pgrag.embed.base import Embedder
+from pgrag.vocabulary import forget_vocabulary
 
 from .chat_server import ChatServer, Reply
 from .embed_server import default_embedder
@@ -30,7 +31,7 @@ def shop(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
             "where id = %s",
             (v.tolist(), embedder.name, cid),
         )
-    forget_catalog()
+    forget_vocabulary()
     return conn
 
 
@@ -40,7 +41,8 @@ def test_a_name_becomes_a_customer_filter_and_the_answer_cites_returns(
     r = ask(
         shop, "What products did John Smith return?", embedder=default_embedder(), use_env_llm=False
     )
-    assert r.filter.get("customer_id") == 1 and "John Smith is customer 1" in r.notes
+    assert r.filter["$or"] == [{"name": "John Smith"}, {"customer_name": "John Smith"}]
+    assert r.filter["has_returns"] is True
     assert r.hits and all(h.metadata.get("customer_id") == 1 for h in r.hits)
     assert "Wireless Mouse" in r.answer.text and not r.answer.used_llm
     assert set(r.answer.cited_ids) <= {h.id for h in r.hits}
@@ -91,3 +93,38 @@ def test_answer_through_a_chat_endpoint(shop: psycopg.Connection[Any]) -> None:
     assert r.answer.used_llm and r.answer.model == "fake-model"
     assert "Wireless Mouse" in prompt and "<<<DATA" in prompt
     assert r.timings["generate_ms"] > 0
+
+
+def ask_(shop: psycopg.Connection[Any], question: str) -> Any:
+    return ask(shop, question, embedder=default_embedder(), use_env_llm=False)
+
+
+def test_a_name_nowhere_in_the_data_cannot_be_found(shop: psycopg.Connection[Any]) -> None:
+    r = ask_(shop, "What did Zebulon Quackenbush buy?")
+    assert r.answer.text == NOT_FOUND + "."
+    assert r.not_found == "nothing in the data is named 'Zebulon Quackenbush'"
+    assert r.hits == () and r.timings["search_ms"] == 0.0
+
+
+def test_a_filter_that_matches_nothing_cannot_be_found(shop: psycopg.Connection[Any]) -> None:
+    r = ask_(shop, "How many orders were placed in 2031?")
+    assert r.answer.text == NOT_FOUND + "."
+    assert r.not_found is not None and "2031-01-01" in r.not_found
+    # a name the metadata lacks but the text holds is searched, not refused
+    r = ask_(shop, "Who bought the Bluetooth Headphones?")
+    assert r.not_found is None and r.hits
+
+
+def test_most_ranks_by_the_numeric_key_not_by_similarity(shop: psycopg.Connection[Any]) -> None:
+    shop.execute("update shop.order_items set return_status = 'completed' where order_id = 20")
+    r = ask_(shop, "Which customers have the most returns?")
+    assert r.parsed.rank_by is not None and r.parsed.rank_by.key == "return_count"
+    assert [h.source_key for h in r.hits] == ["1", "2"]  # 2 returns, then 1
+    assert [h.score for h in r.hits] == [2.0, 1.0]
+    assert r.scan == "ranked"
+
+
+def test_the_statistic_asked_for_comes_first(shop: psycopg.Connection[Any]) -> None:
+    r = ask_(shop, "How many orders were placed in January 2024?")
+    assert r.filter == {"order_date": {"$gte": "2024-01-01", "$lte": "2024-01-31"}}
+    assert "Exact answer: order_detail.order_count = 2" in r.answer.text

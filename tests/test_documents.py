@@ -445,7 +445,7 @@ def test_a_session_with_other_date_settings_renders_the_same_text(
 
 
 def test_the_parsers_shop_schemas_match_the_declared_ones(shop: psycopg.Connection[Any]) -> None:
-    from pgrag.parse import SHOP_SCHEMAS
+    from tests.shop_fixture import SHOP_SCHEMAS
 
     declared = {t.name: t.metadata_schema for t in documents.list_types(shop)}
     assert declared == SHOP_SCHEMAS

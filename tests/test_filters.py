@@ -21,33 +21,13 @@ from psycopg.types.json import Jsonb
 
 from pgrag.errors import DocumentError, InvalidFilter, mapped_database_errors
 from pgrag.filters import MAX_DEPTH, filter_param, parse_filter_json
+from tests.shop_fixture import SHOP_SCHEMAS
 
 MAX_TERMS = 1000  # pgrag._limit('filter_terms')
 MAX_IN_VALUES = 10_000  # pgrag._limit('filter_in_values')
 
-CUSTOMER_SCHEMA = {
-    "customer_id": "integer",
-    "name": "text",
-    "order_ids": "integer[]",
-    "segment": "text",
-    "registration_year": "integer",
-    "categories": "text[]",
-    "has_returns": "boolean",
-    "return_count": "integer",
-    "total_orders": "integer",
-    "total_spent": "numeric",
-    "last_order_date": "date",
-}
-ORDER_SCHEMA = {
-    "order_id": "integer",
-    "customer_id": "integer",
-    "order_date": "date",
-    "status": "text",
-    "total": "numeric",
-    "categories": "text[]",
-    "has_returns": "boolean",
-    "segment": "text",
-}
+CUSTOMER_SCHEMA = SHOP_SCHEMAS["customer_profile"]
+ORDER_SCHEMA = {k: v for k, v in SHOP_SCHEMAS["order_detail"].items() if k != "customer_name"}
 SCHEMA = {**CUSTOMER_SCHEMA, **ORDER_SCHEMA}
 
 SEGMENTS = ["VIP", "Regular", "New", "Dormant"]

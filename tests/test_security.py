@@ -26,11 +26,12 @@ from psycopg import sql
 
 from pgrag import migrate
 from pgrag.answer import Context, LLMConfig, build_prompt
-from pgrag.ask import ask, forget_catalog
+from pgrag.ask import ask
 from pgrag.db import Client
 from pgrag.errors import ConfigError, DocumentError, InvalidFilter
 from pgrag.filters import check_filter
 from pgrag.security import bind_tenant_role, tenant_scope
+from pgrag.vocabulary import forget_vocabulary
 from pgrag.worker import Worker
 
 from . import search_plan
@@ -766,7 +767,7 @@ JAILBREAKS = (
 
 @pytest.mark.parametrize("question", JAILBREAKS)
 def test_jailbreak_questions_return_no_masked_or_other_tenant_data(crm: Crm, question: str) -> None:
-    forget_catalog()
+    forget_vocabulary()
     embedder = default_embedder()
 
     def obedient(body: dict[str, Any]) -> Reply:
@@ -805,7 +806,7 @@ def test_ask_as_another_tenant_does_not_reuse_the_first_tenants_categories(crm: 
 
 
 def test_ask_searches_as_the_tenant(crm: Crm) -> None:
-    forget_catalog()
+    forget_vocabulary()
     embedder = default_embedder()
     with Client(as_role(crm.url, READER), max_size=1) as client:
         for t in TENANTS:
@@ -934,3 +935,49 @@ def test_a_parent_may_not_become_tenant_scoped_over_an_untenanted_child(db_url: 
             "select pgrag.declare_document('item', %s, %s, tenant_column => 'tenant')",
             (ITEM_SOURCE, ITEM_WATCH),
         )
+
+
+# ---- the question parser's vocabulary ----
+
+
+def test_the_vocabulary_holds_only_the_values_of_the_readers_tenant(crm: Crm) -> None:
+    """pgrag.vocabulary() reads the chunks as the session sees them: a reader bound to a tenant
+    never learns another tenant's account names, not even through the parser's dictionary."""
+    with psycopg.connect(as_role(crm.url, BOUND_ROLE)) as conn:
+        names = conn.execute(
+            "select jsonb_object_keys(pgrag.vocabulary() -> 'crm_account' -> 'keys' -> 'name' "
+            "-> 'values')"
+        ).fetchall()
+    seen = {r[0] for r in names}
+    assert seen and all(crm.names[n] in ("acme", None) for n in seen)
+    assert {n for n, t in crm.names.items() if t == "acme"} <= seen
+
+
+def test_only_the_declaring_role_describes_a_type_and_readers_cannot(crm: Crm) -> None:
+    with (
+        psycopg.connect(as_role(crm.url, READER)) as conn,
+        pytest.raises(psycopg.errors.InsufficientPrivilege),
+    ):
+        conn.execute("select pgrag.describe_document('crm_account', 'x')")
+    with psycopg.connect(crm.url) as conn:
+        conn.execute(
+            "do $$ begin if not exists (select from pg_roles where rolname = 'other_writer') "
+            "then create role other_writer nologin; end if; end $$"
+        )
+        conn.execute(f"grant {WRITER} to other_writer")
+        conn.commit()
+    with psycopg.connect(as_role(crm.url, "other_writer")) as conn:
+        with pytest.raises(psycopg.Error) as refused:
+            conn.execute("select pgrag.describe_document('crm_account', 'hijacked')")
+        # a member of the declaring role acts as it only after SET ROLE: no silent takeover
+        assert "(SET ROLE pgrag_writer)" in str(refused.value), refused.value
+    with psycopg.connect(as_role(crm.url, WRITER)) as conn:
+        conn.execute(
+            "select pgrag.describe_document('crm_account', 'A customer account', "
+            'array[\'customer\'], \'{"plan": {"synonyms": ["tier"]}}\')'
+        )
+        row = conn.execute(
+            "select vocabulary from pgrag.doc_types where name = 'crm_account'"
+        ).fetchone()
+        conn.rollback()
+    assert row is not None and row[0]["keys"]["plan"]["synonyms"] == ["tier"]

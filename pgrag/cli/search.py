@@ -127,6 +127,13 @@ def print_hits(hits: Any) -> None:
     show_default=True,
     help="hybrid: vector + full text fused; text needs no model.",
 )
+@click.option(
+    "--match",
+    type=click.Choice(["any", "all", "phrase"]),
+    default="any",
+    show_default=True,
+    help="Full text: any word (for questions), all words (web search syntax), or the phrase.",
+)
 @click.option("--stats", is_flag=True, help="Add exact statistics over every matching row.")
 @click.pass_context
 def search(
@@ -138,6 +145,7 @@ def search(
     as_json: bool,
     embedder_spec: str | None,
     mode: str,
+    match: str,
     stats: bool,
 ) -> None:
     """Search the chunks in one SQL statement (filters, HNSW, full text, fusion, stats)."""
@@ -151,6 +159,7 @@ def search(
             doc_types=list(doc_types) or None,
             k=k,
             mode=mode,  # type: ignore[arg-type]
+            match=match,  # type: ignore[arg-type]
             stats=stats,
             embedder=None if mode == "text" else embedder_spec,
         )

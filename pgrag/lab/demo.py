@@ -50,13 +50,13 @@ def run_demo(
 ) -> list[AskResult]:
     """Run the whole demo on ``url``; ``say`` gets progress lines, ``show`` each answer."""
     from pgrag import migrate
-    from pgrag.ask import forget_catalog
     from pgrag.connection import connect_once, describe_target
     from pgrag.db import connect
     from pgrag.embed.registry import get_embedder
     from pgrag.lab.sample import load_sample
     from pgrag.lab.sample_documents import declare_sample_documents
     from pgrag.search import query_cache_for
+    from pgrag.vocabulary import forget_vocabulary
     from pgrag.worker import Worker
 
     started = time.perf_counter()
@@ -71,7 +71,7 @@ def run_demo(
     with connect_once(url, autocommit=False) as conn:
         declare_sample_documents(conn)
         conn.commit()
-    forget_catalog()
+    forget_vocabulary()
     model = embedder if embedder is not None and not isinstance(embedder, str) else None
     model = model or get_embedder(embedder if isinstance(embedder, str) else None)
     with connect(url) as client:

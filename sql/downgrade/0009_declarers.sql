@@ -17,6 +17,7 @@ drop table pgrag.render_queue;
 alter table pgrag.chunks drop column truncated_from;
 alter table pgrag.doc_watches drop column reads;
 alter table pgrag.doc_types drop column sync;
+alter table pgrag.doc_types drop column vocabulary;
 alter table pgrag.settings drop column query_cache_ttl;
 alter table pgrag.doc_types disable row level security;
 alter table pgrag.doc_watches disable row level security;

@@ -259,6 +259,39 @@ end
 $fn$;
 
 
+create or replace function pgrag._owned_type(doc_type text, what text)
+returns pgrag.doc_types
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+#variable_conflict use_variable
+-- The declared type doc_type, which the current user changes (``what``: "its statistics", "its
+-- sync mode", "its words") as the role that declared it: its catalog rows stay that role's
+-- (row-level security), so a member of it first runs SET ROLE. PR003 otherwise.
+declare
+    t pgrag.doc_types;
+begin
+    select * into t from pgrag.doc_types d where d.name = _owned_type.doc_type;
+    if not found then
+        raise exception using errcode = 'PR003',
+            message = format('document type %s is not declared', doc_type),
+            hint = format('declare it first with pgrag.declare_document, then %s '
+                          '(`pgrag documents list` shows the declared types)', what);
+    end if;
+    if t.owner <> current_user::regrole then
+        raise exception using errcode = 'PR003',
+            message = format('document type %s belongs to role %s, not to %s',
+                             doc_type, t.owner, current_user),
+            hint = format('set %s as %s (SET ROLE %s)', what, t.owner, t.owner);
+    end if;
+    return t;
+end
+$fn$;
+
+comment on function pgrag._owned_type(text, text) is
+    'A declared type the current user changes as the role that declared it (PR003 otherwise)';
+
+
 create or replace function pgrag._create_render_function(doc_type text)
 returns void
 language plpgsql volatile security invoker

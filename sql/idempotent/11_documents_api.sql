@@ -291,22 +291,11 @@ declare
     t pgrag.doc_types;
     w record;
 begin
-    select * into t from pgrag.doc_types d where d.name = doc_type;
-    if not found then
-        raise exception using errcode = 'PR003',
-            message = format('document type %s is not declared', doc_type),
-            hint = '`pgrag documents list` shows the declared types';
-    end if;
+    t := pgrag._owned_type(doc_type, 'its sync mode');
     if mode is null or mode not in ('commit', 'queue') then
         raise exception using errcode = 'PR003',
             message = format('sync mode %s is not commit or queue', coalesce(mode, 'NULL')),
             hint = 'commit: rendered at the writer''s commit; queue: rendered by the worker';
-    end if;
-    if t.owner <> current_user::regrole then
-        raise exception using errcode = 'PR003',
-            message = format('document type %s belongs to role %s, not to %s',
-                             t.name, t.owner, current_user),
-            hint = format('act as %s (SET ROLE %s)', t.owner, t.owner);
     end if;
     update pgrag.doc_types d set sync = mode, updated_at = now() where d.name = t.name;
     for w in select dw.source_table from pgrag.doc_watches dw
@@ -558,6 +547,172 @@ $fn$;
 
 comment on function pgrag.document_keys(text) is
     'Every source key a document type renders, as pgrag prints keys (for batched rebuilds)';
+
+
+create or replace function pgrag.describe_document(doc_type text, description text default null,
+                                                   synonyms text[] default null,
+                                                   keys jsonb default null)
+returns void
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+#variable_conflict use_variable
+-- Words for the question parser (docs/declaring.md): what the type is (description, synonyms:
+-- the words a question uses for its documents, e.g. member, person) and, per metadata key,
+-- {"description": "...", "synonyms": ["..."], "values": {"<a value>": ["<its synonyms>"]}}.
+-- Replaces the type's previous description; NULL arguments keep what was described before.
+declare
+    t pgrag.doc_types;
+    bad text;
+    voc jsonb;
+begin
+    t := pgrag._owned_type(doc_type, 'its words');
+    if keys is not null and jsonb_typeof(keys) <> 'object' then
+        raise exception using errcode = 'PR003',
+            message = format('keys of %s must be a JSON object {"key": {"synonyms": [...]}}',
+                             doc_type),
+            hint = 'e.g. {"segment": {"synonyms": ["tier"], "values": {"Dormant": ["inactive"]}}}';
+    end if;
+    select string_agg(k, ', ') into bad
+      from jsonb_object_keys(coalesce(keys, '{}')) k where not t.metadata_schema ? k;
+    if bad is not null then
+        raise exception using errcode = 'PR003',
+            message = format('%s has no metadata key %s', doc_type, bad),
+            hint = format('describe keys of its metadata_schema: %s',
+                          (select string_agg(k, ', ' order by k)
+                             from jsonb_object_keys(t.metadata_schema) k));
+    end if;
+    -- the shape: strings, lists of strings, objects of lists of strings; no word over 200
+    -- characters, at most 1,000 words in all
+    select string_agg(format('%s.%s', e.key, f.key), ', ') into bad
+      from jsonb_each(coalesce(keys, '{}')) e
+      left join lateral jsonb_each(case when jsonb_typeof(e.value) = 'object' then e.value end) f
+        on true
+     where jsonb_typeof(e.value) <> 'object'
+        or f.key not in ('description', 'synonyms', 'values')
+        or (f.key = 'description' and jsonb_typeof(f.value) <> 'string')
+        or (f.key = 'synonyms' and (jsonb_typeof(f.value) <> 'array' or exists (
+                select from jsonb_array_elements(f.value) x where jsonb_typeof(x) <> 'string')))
+        or (f.key = 'values' and (jsonb_typeof(f.value) <> 'object' or exists (
+                select from jsonb_each(f.value) v
+                 where jsonb_typeof(v.value) <> 'array' or exists (
+                     select from jsonb_array_elements(v.value) x
+                      where jsonb_typeof(x) <> 'string'))));
+    if bad is not null then
+        raise exception using errcode = 'PR003',
+            message = format('keys of %s: %s not of the form {"description": "...", '
+                             '"synonyms": ["..."], "values": {"value": ["..."]}}', doc_type, bad),
+            hint = 'descriptions are strings; synonyms lists of strings; values an object of lists';
+    end if;
+    voc := jsonb_strip_nulls(jsonb_build_object(
+        'description', coalesce(description, t.vocabulary->>'description'),
+        'synonyms', coalesce(to_jsonb(synonyms), t.vocabulary->'synonyms'),
+        'keys', coalesce(keys, t.vocabulary->'keys')));
+    if length(voc::text) > 100000 or exists (
+        select from jsonb_path_query(voc, 'strict $.**') x
+         where jsonb_typeof(x) = 'string' and length(x #>> '{}') > 500) then
+        raise exception using errcode = 'PR003',
+            message = format('the description of %s is too long', doc_type),
+            hint = 'at most 500 characters per word or description and 100,000 in all';
+    end if;
+    update pgrag.doc_types d set vocabulary = voc, updated_at = now()
+     where d.name = describe_document.doc_type;
+end
+$fn$;
+
+comment on function pgrag.describe_document(text, text, text[], jsonb) is
+    'Describe a document type for the question parser: its description and synonyms, and its '
+    'metadata keys'' descriptions, synonyms and value synonyms';
+
+
+create or replace function pgrag.vocabulary(max_values integer default 5000)
+returns jsonb
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+#variable_conflict use_variable
+-- What the question parser knows (pgrag.parse): per declared type its parent, metadata schema
+-- and described words, and, for its text and text[] keys, the values present in the chunks this
+-- session may see (row-level security: never another tenant's), each with how many documents
+-- carry it: the max_values most frequent per key, and the key's number of distinct values.
+-- For date and number keys, their smallest and largest values.
+begin
+    perform pgrag._check_range('max_values', max_values, 1, 100000);
+    return (
+        with keys as (
+            select d.name as doc_type, s.key, s.value #>> '{}' as type
+              from pgrag.doc_types d, jsonb_each(d.metadata_schema) s
+        ),
+        vals as (
+            select c.doc_type, k.key, v.value, count(*) as n
+              from keys k
+              join pgrag.chunks c on c.doc_type = k.doc_type
+             cross join lateral (
+                 select c.metadata->>k.key as value
+                  where jsonb_typeof(c.metadata->k.key) = 'string'
+                 union all
+                 select x from jsonb_array_elements_text(
+                     case when jsonb_typeof(c.metadata->k.key) = 'array'
+                          then c.metadata->k.key end) x) v
+             where k.type in ('text', 'text[]') and v.value <> ''
+             group by 1, 2, 3
+        ),
+        ranked as (
+            select v.*, row_number() over w as rn, count(*) over (partition by v.doc_type, v.key)
+                   as distinct_values
+              from vals v
+            window w as (partition by v.doc_type, v.key order by v.n desc, v.value)
+        ),
+        per_key_values as (
+            select r.doc_type, r.key, max(r.distinct_values) as distinct_values,
+                   jsonb_object_agg(r.value, r.n) filter (where r.rn <= max_values) as "values"
+              from ranked r group by 1, 2
+        ),
+        ranges as (
+            select k.doc_type, k.key,
+                   min(c.metadata->>k.key) filter (where k.type = 'date') as min_date,
+                   max(c.metadata->>k.key) filter (where k.type = 'date') as max_date,
+                   min((c.metadata->>k.key)::numeric)
+                       filter (where k.type in ('integer', 'numeric')) as min_number,
+                   max((c.metadata->>k.key)::numeric)
+                       filter (where k.type in ('integer', 'numeric')) as max_number
+              from keys k
+              join pgrag.chunks c on c.doc_type = k.doc_type
+             where k.type in ('date', 'integer', 'numeric')
+               and jsonb_typeof(c.metadata->k.key) = case k.type when 'date' then 'string'
+                                                              else 'number' end
+             group by 1, 2
+        ),
+        per_key as (
+            select k.doc_type, k.key, jsonb_strip_nulls(jsonb_build_object(
+                       'type', k.type, 'values', p."values",
+                       'distinct_values', p.distinct_values,
+                       'min', coalesce(to_jsonb(r.min_date), to_jsonb(r.min_number)),
+                       'max', coalesce(to_jsonb(r.max_date), to_jsonb(r.max_number)))) as info
+              from keys k
+              left join per_key_values p on p.doc_type = k.doc_type and p.key = k.key
+              left join ranges r on r.doc_type = k.doc_type and r.key = k.key
+        )
+        select coalesce(jsonb_object_agg(d.name, jsonb_strip_nulls(jsonb_build_object(
+                   'parent_type', d.parent_type,
+                   'description', d.vocabulary->'description',
+                   'synonyms', d.vocabulary->'synonyms',
+                   'has_stats', exists (select from pgrag.doc_stats s where s.doc_type = d.name),
+                   'documents', (select count(*) from pgrag.chunks c where c.doc_type = d.name),
+                   'keys', coalesce((
+                       select jsonb_object_agg(p.key, p.info || jsonb_strip_nulls(
+                                  jsonb_build_object(
+                                      'description', d.vocabulary->'keys'->p.key->'description',
+                                      'synonyms', d.vocabulary->'keys'->p.key->'synonyms',
+                                      'value_synonyms', d.vocabulary->'keys'->p.key->'values')))
+                         from per_key p where p.doc_type = d.name), '{}')))), '{}')
+          from pgrag.doc_types d);
+end
+$fn$;
+
+comment on function pgrag.vocabulary(integer) is
+    'What the question parser knows of each declared type: keys, their types, the values present '
+    '(as this session sees the chunks) and the words described with pgrag.describe_document';
 
 
 -- Sync at commit: render every document a transaction changed once, when it commits.

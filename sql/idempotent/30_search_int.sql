@@ -67,6 +67,9 @@ begin
     if match = 'all' then
         -- web search syntax: words all required, "quoted phrases", or, -negation
         return websearch_to_tsquery('english'::regconfig, query_text);
+    elsif match = 'phrase' then
+        -- the words in this order (stop words keep their places)
+        return phraseto_tsquery('english'::regconfig, query_text);
     elsif match = 'any' then
         -- any of the question's words (stemmed, stop words dropped) but the common ones
         -- (pgrag.common_lexemes): for natural-language questions, where requiring every word
@@ -81,8 +84,9 @@ begin
     end if;
     raise exception using
         errcode = 'PR006',
-        message = format('text match %L is not all or any', match),
-        hint = 'use match => ''all'' (every word, web search syntax) or ''any'' (any word)';
+        message = format('text match %L is not any, all or phrase', match),
+        hint = 'use match => ''any'' (any word), ''all'' (every word, web search syntax) or '
+               '''phrase'' (the words in order)';
 end
 $$;
 
@@ -162,9 +166,12 @@ as $$
 --     stopped at hnsw.max_scan_tuples, or row-level security filtered a reader's rows);
 --   vec_exact: when the path is exact, every matching vector is compared: those of matched
 --     when it holds them all, else all over again (+ 0 keeps the planner off the HNSW index);
---   fts: full-text matches ranked by ts_rank (the first fts_limit matching rows), match any
+--   fts: full-text matches ranked by ts_rank, every match ranked (the fts_limit best kept:
+--     the same texts give the same ranking, whatever the rows' physical order), match any
 --     leaving out the words in most chunks of a large store (pgrag._common_lexemes);
---   fused: reciprocal rank fusion, 1 / (rrf_k + rank) summed over both lists;
+--   fused: reciprocal rank fusion, 1 / (rrf_k + rank) summed over both lists, and each
+--     list's first counted twice: what one leg is sure of is not outvoted by hits both legs
+--     put lower (docs/search.md, "Fusion");
 --   the final SELECT joins each hit to its chunk and its parent chunk.
 declare
     op text := case when mode <> 'text' then format('OPERATOR(%I.<=>)', vector_schema) end;
@@ -211,13 +218,12 @@ $f$, where_sql, op, case when skip_count then 'true' else 'false' end);
     if mode <> 'vector' then
         stmt := stmt || format($f$
 tq as materialized (select pgrag._search_tsquery($1, $8, pgrag._common_lexemes()) as q),
-fts_rows as (
-    select c.id, c.tsv
+fts_scored as (
+    select c.id, ts_rank(c.tsv, (select q from tq)) as score
     from pgrag.chunks c
     where c.tsv @@ (select q from tq) and %1$s
+    order by 2 desc, c.id
     limit $7),
-fts_scored as (
-    select r.id, ts_rank(r.tsv, (select q from tq)) as score from fts_rows r),
 fts as (
     select r.id, r.score, row_number() over (order by r.score desc, r.id)::integer as rank
     from fts_scored r
@@ -241,7 +247,9 @@ $f$
         else $f$
 fused as (
     select coalesce(v.id, f.id) as id,
-           coalesce(1.0 / ($6 + v.rank), 0) + coalesce(1.0 / ($6 + f.rank), 0) as score,
+           coalesce(1.0 / ($6 + v.rank), 0) + coalesce(1.0 / ($6 + f.rank), 0)
+           + case when v.rank = 1 then 1.0 / ($6 + 1) else 0 end
+           + case when f.rank = 1 then 1.0 / ($6 + 1) else 0 end as score,
            v.distance, v.rank as vector_rank, f.rank as text_rank, f.score as text_score
     from vec v full outer join fts f on f.id = v.id
     order by 2 desc, 1 limit $3)
@@ -294,9 +302,10 @@ begin
     exact_threshold := coalesce(exact_threshold, pgrag._search_default('exact_threshold'));
     rrf_k := coalesce(rrf_k, pgrag._search_default('rrf_k'));
     fts_limit := coalesce(fts_limit, pgrag._search_default('fts_limit'));
-    -- natural-language questions rarely hold every word of a chunk: any word, but for a
-    -- full-text-only search, where all the words is what a user types into a search box
-    match := coalesce(match, case when mode = 'text' then 'all' else 'any' end);
+    -- natural-language questions rarely hold every word of a chunk: any word, in every mode
+    -- (a question's text leg with every word required found nothing on 25 questions of two
+    -- schemas); all (web search syntax) and phrase on request
+    match := coalesce(match, 'any');
     perform pgrag._check_range('k', k, 1, pgrag._limit('k'));
     perform pgrag._check_range('exact_threshold', exact_threshold, 0,
                                pgrag._limit('exact_threshold'));
@@ -324,10 +333,11 @@ begin
     if mode <> 'vector' then
         perform pgrag._check_question(query_text);
     end if;
-    if match not in ('all', 'any') then
+    if match not in ('all', 'any', 'phrase') then
         raise exception using errcode = 'PR006',
-            message = format('text match %L is not all or any', match),
-            hint = 'use match => ''all'' (every word, web search syntax) or ''any'' (any word)';
+            message = format('text match %L is not any, all or phrase', match),
+            hint = 'use match => ''any'' (any word), ''all'' (every word, web search syntax) '
+                   'or ''phrase'' (the words in order)';
     end if;
     if doc_types is not null then
         perform pgrag._check_names(doc_types, 'doc_types');

@@ -9,7 +9,7 @@
 -- schema-qualified function (pgrag._search, which sets its own search_path) and no operator or
 -- unqualified function, so the caller's search_path cannot change what they run.
 
-create or replace function pgrag.text_query(query_text text, match text default 'all')
+create or replace function pgrag.text_query(query_text text, match text default 'any')
 returns tsquery
 language plpgsql stable parallel safe security invoker
 set search_path = pg_catalog, pg_temp
@@ -21,7 +21,8 @@ end
 $$;
 
 comment on function pgrag.text_query(text, text) is
-    'The tsquery of a search text: all = websearch_to_tsquery (every word), any = any word';
+    'The tsquery of a search text: any = any word (the default), all = websearch_to_tsquery '
+    '(every word), phrase = the words in order';
 
 
 select pgrag._drop_if_changed(to_regprocedure(
@@ -148,6 +149,57 @@ $$;
 
 comment on function pgrag.search(vector, integer, jsonb, text[], integer, integer) is
     'Deprecated: pgrag.vector_search (pgrag.search with a text first is the hybrid search)';
+
+
+create or replace function pgrag.ranked(by_key text, filter jsonb default null,
+                                        doc_types text[] default null,
+                                        descending boolean default true,
+                                        k integer default null)
+returns setof pgrag.search_hit
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+-- The k chunks matching the filter with the largest (descending) or smallest values of a
+-- numeric metadata key: "the customers with the most returns", "the 5 largest orders". Exact
+-- (every matching chunk is compared), one statement; score is the key's value, scan 'ranked'.
+declare
+    schema jsonb;
+    kk integer := coalesce(k, pgrag._search_default('k'));
+begin
+    perform pgrag._check_range('k', kk, 1, 10000);
+    if doc_types is not null then
+        perform pgrag._check_names(doc_types, 'doc_types');
+    end if;
+    schema := pgrag._filter_schema(doc_types);
+    if by_key is null or coalesce(schema ->> by_key, '') not in ('integer', 'numeric') then
+        perform pgrag._filter_invalid(format(
+            'cannot rank by %s: not a numeric metadata key of %s (numeric keys: %s)',
+            coalesce(quote_literal(by_key), 'NULL'),
+            coalesce(array_to_string(doc_types, ', '), 'any declared type'),
+            coalesce((select string_agg(e.key, ', ' order by e.key) from jsonb_each_text(schema) e
+                       where e.value in ('integer', 'numeric')), 'none')));
+    end if;
+    return query execute format($q$
+        select c.id, c.doc_type, c.source_key, c.text, c.metadata, r.v::double precision,
+               null::double precision, null::integer, null::integer, null::real, c.parent_id,
+               p.source_key, p.text, 'ranked'::text
+          from pgrag.chunks c
+         cross join lateral (
+             select case when jsonb_typeof(c.metadata -> %2$L) = 'number'
+                         then (c.metadata ->> %2$L)::numeric end as v) r
+          left join pgrag.chunks p on p.id = c.parent_id
+         where %1$s and ($1 is null or c.doc_type = any($1)) and r.v is not null
+         order by r.v %3$s, c.id
+         limit $2$q$,
+        pgrag._filter_sql(filter, schema), by_key,
+        case when descending then 'desc' else 'asc' end)
+    using doc_types, kk;
+end
+$$;
+
+comment on function pgrag.ranked(text, jsonb, text[], boolean, integer) is
+    'The k chunks matching a filter with the largest (or smallest) values of a numeric metadata '
+    'key: ranking by a number instead of by similarity';
 
 
 create or replace function pgrag.context(chunk_id bigint, max_children integer default 20)

@@ -84,7 +84,7 @@ declare
         'declare_document', 'drop_document', 'refresh', 'declare_stats', 'cache_stats',
         'claim_chunks', 'release_chunks', 'store_embeddings', 'record_embed_failures',
         'clear_embed_errors', 'begin_reembed', 'query_cache_put', 'prune_embedding_cache',
-        'sync_now', 'render_queued', 'set_sync', 'bind_tenant_role'];
+        'sync_now', 'render_queued', 'set_sync', 'describe_document', 'bind_tenant_role'];
 begin
     select * into strict s from pgrag.settings;
 

@@ -151,3 +151,13 @@ create index render_lag_rendered_at on pgrag.render_lag (rendered_at);
 
 comment on table pgrag.render_lag is
     'Queued-to-rendered lag of the worker''s render batches (the last hour)';
+
+-- What the question parser may know of a type beyond its metadata keys and their values: a
+-- description and synonyms of the type, and per key a description, synonyms and synonyms of
+-- its values (pgrag.describe_document; docs/declaring.md).
+alter table pgrag.doc_types add column vocabulary jsonb not null default '{}'::jsonb
+    check (jsonb_typeof(vocabulary) = 'object');
+
+comment on column pgrag.doc_types.vocabulary is
+    'Words for the question parser: {"description", "synonyms", "keys": {key: {"description", '
+    '"synonyms", "values": {value: [synonym, ...]}}}} (pgrag.describe_document)';

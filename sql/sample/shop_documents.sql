@@ -185,3 +185,35 @@ select pgrag.declare_document(
       "order_date": "date", "status": "text", "total": "numeric", "categories": "text[]",
       "has_returns": "boolean"}'
 );
+
+-- Words for the question parser (docs/declaring.md): what a question may call each type and
+-- key beyond the words of their names, and other words for some values. Everything else the
+-- parser knows comes from these declarations and from the values in the chunks.
+select pgrag.describe_document(
+    'customer_profile',
+    'A customer of the shop: tier, home city, orders, spending and returns',
+    array['customer', 'client', 'buyer', 'shopper', 'user', 'people'],
+    '{"name": {"synonyms": ["customer name", "named"]},
+      "segment": {"description": "the customer tier", "synonyms": ["tier"],
+                  "values": {"Dormant": ["inactive", "lapsed"], "VIP": ["vips", "v.i.p."],
+                             "Regular": ["regulars"]}},
+      "total_spent": {"synonyms": ["spent", "spend", "spending", "revenue"]},
+      "total_orders": {"synonyms": ["orders", "order count"]},
+      "return_count": {"synonyms": ["returns", "returned items"]},
+      "has_returns": {"synonyms": ["returned", "refund", "refunded"]},
+      "registration_year": {"synonyms": ["registered", "joined", "signed up"]}}'
+);
+
+select pgrag.describe_document(
+    'order_detail',
+    'One order: date, status, total, items and returns, with its customer',
+    array['order', 'purchase', 'bought', 'ordered', 'sale'],
+    '{"customer_name": {"synonyms": ["customer", "buyer"]},
+      "segment": {"synonyms": ["tier"],
+                  "values": {"Dormant": ["inactive", "lapsed"], "VIP": ["vips", "v.i.p."],
+                             "Regular": ["regulars"]}},
+      "status": {"values": {"cancelled": ["canceled"], "delivered": ["received", "arrived"]}},
+      "total": {"synonyms": ["amount", "value", "worth", "cost"]},
+      "has_returns": {"synonyms": ["returned", "refund", "refunded"]},
+      "order_date": {"synonyms": ["placed", "ordered", "bought"]}}'
+);

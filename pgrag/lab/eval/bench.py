@@ -192,12 +192,12 @@ def run_strategy_bench(
     ``customers`` is then only a label.
     """
     from pgrag import migrate
-    from pgrag.ask import forget_catalog
     from pgrag.connection import connect_once
     from pgrag.embed.registry import get_embedder
     from pgrag.lab.sample import load_sample, validate
     from pgrag.lab.sample_documents import declare_sample_documents
     from pgrag.search import query_cache_for
+    from pgrag.vocabulary import forget_vocabulary
 
     if load is None:
         validate(customers, seed)
@@ -221,7 +221,7 @@ def run_strategy_bench(
                 f"{loaded.order_items:,} items"
             )
             declare_sample_documents(conn, comparisons=True)
-        forget_catalog()
+        forget_vocabulary()
         from pgrag import documents
 
         for doc_type in SHOP_TYPES:
