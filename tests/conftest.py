@@ -199,6 +199,15 @@ def conn(shared_db_url: str) -> Iterator[psycopg.Connection[Any]]:
 # ---- helpers for tests that run the CLI or other processes ----
 
 
+def psql_file(url: str, path: Path) -> None:
+    """Run a .sql file with psql (-X, ON_ERROR_STOP), as a user loading a dataset would."""
+    subprocess.run(
+        [str(bin_dir() / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", url, "-f", str(path)],
+        check=True,
+        capture_output=True,
+    )
+
+
 def run_pgrag(
     *args: str, env: dict[str, str] | None = None, timeout: float = 120, cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:

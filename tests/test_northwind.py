@@ -2,29 +2,23 @@
 
 from __future__ import annotations
 
+import json
 import os
-import subprocess
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 from pgrag import documents
-from pgrag.server import bin_dir
 
-from .conftest import REPO
+from .conftest import REPO, psql_file
 
 NORTHWIND = Path(
     os.environ.get("PGRAG_NORTHWIND_SQL", REPO / "examples" / "northwind" / "northwind.sql")
 )
-
-
-def psql_file(url: str, path: Path) -> None:
-    subprocess.run(
-        [str(bin_dir() / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", url, "-f", str(path)],
-        check=True,
-        capture_output=True,
-    )
 
 
 @pytest.fixture
@@ -85,3 +79,59 @@ def test_northwind_questions_point_at_chunks_that_exist(northwind: str) -> None:
     for q in questions:
         assert {(r.doc_type, r.source_key) for r in q.relevant} <= keys, q
         assert (q.relevant == ()) == (q.category in ("edge", "adversarial")), q
+
+
+# Northwind's own numbers, from its tables (not from the documents' views): an order's total is
+# sum(unit_price * quantity * (1 - discount)) rounded to cents.
+_TRUTH = """
+with totals as (
+    select o.order_id, o.customer_id, o.order_date, o.shipped_date,
+           round(sum(d.unit_price * d.quantity * (1 - d.discount))::numeric, 2) as total
+    from public.orders o
+    join public.order_details d on d.order_id = o.order_id
+    group by o.order_id
+)
+select jsonb_build_object(
+    'customer_count', count(distinct t.customer_id), 'order_count', count(*),
+    'revenue', coalesce(sum(t.total), 0), 'average_order_value', round(avg(t.total), 2),
+    'shipped_count', count(t.shipped_date))::text
+from totals t
+where (%(customer)s::text is null or t.customer_id = %(customer)s)
+  and (%(year)s::integer is null or extract(year from t.order_date) = %(year)s)
+"""
+
+
+def _json(conn: psycopg.Connection[Any], query: str, params: Any) -> Any:
+    row = conn.execute(query, params).fetchone()
+    assert row is not None
+    return json.loads(row[0], parse_float=Decimal)
+
+
+def test_northwind_statistics_are_the_sql_truth(northwind: str) -> None:
+    with psycopg.connect(northwind) as conn:
+        declared = conn.execute("select doc_type from pgrag.doc_stats order by 1").fetchall()
+        assert declared == [("nw_customer",), ("nw_order",)]
+
+        def stats(flt: Any, types: list[str] | None = None) -> Any:
+            return _json(
+                conn,
+                "select pgrag.stats(%s, %s)::text",
+                (None if flt is None else Jsonb(flt), types),
+            )
+
+        def truth(customer: str | None = None, year: int | None = None) -> Any:
+            return _json(conn, _TRUTH, {"customer": customer, "year": year})
+
+        every = truth()
+        assert every["order_count"] == 830
+        got = stats(None)
+        assert got["nw_order"] == every
+        # every customer, those without orders too (91 of them; 89 have ordered)
+        assert got["nw_customer"] == {**every, "customer_count": 91}
+
+        alfki = truth(customer="ALFKI")
+        assert alfki["order_count"] == 6 and alfki["revenue"] == Decimal("4273.00")
+        assert stats({"customer_id": "ALFKI"}) == {"nw_customer": alfki, "nw_order": alfki}
+
+        in_1997 = {"order_date": {"$gte": "1997-01-01", "$lte": "1997-12-31"}}
+        assert stats(in_1997, ["nw_order"]) == {"nw_order": truth(year=1997)}

@@ -1,7 +1,8 @@
 -- pgrag on Northwind, a schema nobody at pgrag wrote (docs/northwind.md walks through it).
 -- Load Northwind first (its tables land in schema public), migrate pgrag, then run this file:
 --   psql -X -v ON_ERROR_STOP=1 -d "$URL" -f examples/northwind/documents.sql
--- Only pgrag's public SQL API is used: pgrag.declare_document and pgrag.refresh.
+-- Only pgrag's public SQL API is used: pgrag.declare_document, pgrag.declare_stats and
+-- pgrag.refresh.
 
 -- One row per order with its lines as text and its total (after discount).
 create or replace view public.nw_order_summary as
@@ -112,6 +113,49 @@ select pgrag.declare_document(
     '{"order_id": "integer", "customer_id": "text", "order_date": "date", "shipped": "boolean",
       "ship_country": "text", "total": "numeric", "categories": "text[]"}'
 );
+
+-- Exact statistics (docs/search.md, "Exact statistics"): each query runs over the CTE hits,
+-- every chunk of its type matching a search's filter (not only the top k), and reads the totals
+-- from Northwind's tables (public.nw_order_summary), never from the text.
+--
+--   customer_count       distinct customers
+--   order_count          orders
+--   revenue              sum of the orders' totals (after discount)
+--   average_order_value  revenue / orders, rounded to cents (null over no orders)
+--   shipped_count        orders shipped
+--
+-- For nw_order the orders are the matching orders; for nw_customer they are all the orders of
+-- the matching customers (a customer without orders counts as a customer, with no orders).
+
+select pgrag.declare_stats('nw_order', $stats$
+select jsonb_build_object(
+    'customer_count', count(distinct o.customer_id),
+    'order_count', count(o.order_id),
+    'revenue', coalesce(sum(o.total), 0),
+    'average_order_value', round(avg(o.total), 2),
+    'shipped_count', count(o.shipped_date))
+from hits h
+join public.nw_order_summary o on o.order_id = h.source_key::smallint
+$stats$);
+
+select pgrag.declare_stats('nw_customer', $stats$
+select jsonb_build_object(
+    'customer_count', count(distinct c.customer_id),
+    'order_count', count(o.order_id),
+    'revenue', coalesce(sum(o.total), 0),
+    'average_order_value', round(avg(o.total), 2),
+    'shipped_count', count(o.shipped_date))
+from hits h
+join public.customers c on c.customer_id = h.source_key
+left join lateral (
+    select s.order_id, s.total, s.shipped_date
+    from public.nw_order_summary s
+    where s.customer_id = c.customer_id) o on true
+$stats$);
+
+-- To compute each filter's statistics once and reuse them until a write to a table they read
+-- (docs/search.md, "The statistics cache"):
+--   select pgrag.cache_stats('nw_order'); select pgrag.cache_stats('nw_customer');
 
 select pgrag.refresh('nw_customer');
 select pgrag.refresh('nw_order');

@@ -104,6 +104,13 @@ def print_result(result: Any) -> None:
     for q in result.questions:
         if q.unsupported:
             click.echo(f"  unsupported in {q.id}: {', '.join(q.unsupported[:5])}")
+    a = result.answers
+    recall = "n/a" if a.fact_recall is None else f"{a.fact_recall:.3f}"
+    click.echo(
+        f"answers: fact recall {recall} ({a.fact_questions} questions), aggregates exact "
+        f"{a.aggregates_right}/{a.aggregates}, negatives 'cannot find' "
+        f"{a.negatives_right}/{a.negatives}"
+    )
     if r.skipped:
         shown = ", ".join(r.skipped[:10]) + (" ..." if len(r.skipped) > 10 else "")
         click.echo(f"skipped: {shown}")
@@ -263,11 +270,11 @@ def eval_runs(
 @click.option(
     "--set",
     "kind",
-    type=click.Choice(["shop", "northwind", "type"]),
+    type=click.Choice(["shop", "northwind", "clubdata", "type"]),
     default="shop",
     show_default=True,
-    help="shop: schema shop's templates; northwind: Northwind's; type: one per chunk of "
-    "--doc-type, by a unique metadata value.",
+    help="shop: schema shop's templates; northwind: Northwind's; clubdata: the club's "
+    "(examples/clubdata); type: one per chunk of --doc-type, by a unique metadata value.",
 )
 @click.option("--limit-per-template", type=click.IntRange(1, 10_000), default=20, show_default=True,
               help="Questions per template (type: questions per document type).")  # fmt: skip
@@ -286,6 +293,7 @@ def eval_questions(
     """Generate a labelled question set with SQL ground truth and write it as JSONL."""
     from pgrag.db import connect
     from pgrag.errors import ConfigError
+    from pgrag.lab.eval.clubdata import generate_clubdata_questions
     from pgrag.lab.eval.northwind import generate_northwind_questions
     from pgrag.lab.eval.questions import (
         generate_shop_questions,
@@ -302,6 +310,10 @@ def eval_questions(
                 qs = generate_shop_questions(conn, limit_per_template=limit_per_template, seed=seed)
             elif kind == "northwind":
                 qs = generate_northwind_questions(
+                    conn, limit_per_template=limit_per_template, seed=seed
+                )
+            elif kind == "clubdata":
+                qs = generate_clubdata_questions(
                     conn, limit_per_template=limit_per_template, seed=seed
                 )
             else:

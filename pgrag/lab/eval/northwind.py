@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import datetime as dt
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any
 
 import psycopg
-from psycopg import sql
-from psycopg.rows import dict_row
 
-from pgrag.errors import mapped_database_errors
 from pgrag.lab.eval.questions import (
     ADVERSARIAL,
     NOT_FOUND,
@@ -24,6 +21,7 @@ from pgrag.lab.eval.questions import (
     Question,
     QuestionList,
     check_limit,
+    rows_of,
 )
 from pgrag.lab.eval.runner import named_queries
 
@@ -36,15 +34,6 @@ _FAKE_COMPANIES = (
     "Vanderbilt-Ng Delicatessen",
     "Oyelaran Foods",
 )
-
-
-def _rows(
-    conn: psycopg.Connection[Any], queries: Mapping[str, str], name: str, params: dict[str, Any]
-) -> list[dict[str, Any]]:
-    query = sql.SQL(queries[name])  # type: ignore[arg-type,unused-ignore]  # our own file
-    with mapped_database_errors(), conn.cursor(row_factory=dict_row) as cur:
-        cur.execute(query, params)
-        return cur.fetchall()
 
 
 def _month(day: dt.date) -> str:
@@ -68,7 +57,7 @@ def generate_northwind_questions(
     def orders(keys: Iterable[str]) -> list[tuple[str, str]]:
         return [(ORDER, k) for k in keys]
 
-    for r in _rows(conn, q, "customer_totals", params):
+    for r in rows_of(conn, q, "customer_totals", params):
         name, key = r["company_name"], customers([r["customer_id"]])
         text = rng.choice(["How many orders has {n} placed?", "{n}: number of orders?"])
         add("nw-orders-count", text.format(n=name), str(r["order_count"]), key, "simple", "orders")
@@ -76,7 +65,7 @@ def generate_northwind_questions(
         spent: Decimal = r["spent"]
         add("nw-spent", text.format(n=name), f"${spent:,.2f}", key, "simple", "aggregates")
 
-    for r in _rows(conn, q, "order_shipping", params):
+    for r in rows_of(conn, q, "order_shipping", params):
         shipped: dt.date | None = r["shipped_date"]
         answer = (
             f"shipped {shipped} via {r['shipper']} to {r['ship_country']}"
@@ -88,27 +77,27 @@ def generate_northwind_questions(
         ).format(o=r["order_id"])
         add("nw-order-shipping", text, answer, orders([str(r["order_id"])]), "simple", "orders")
 
-    for r in _rows(conn, q, "customer_month_orders", params):
+    for r in rows_of(conn, q, "customer_month_orders", params):
         text = rng.choice(
             ["Which orders did {n} place in {m}?", "What did {n} order in {m}?"]
         ).format(n=r["company_name"], m=_month(r["month"]))
         keys: list[str] = r["keys"]
         add("nw-customer-month", text, ", ".join(keys), orders(keys), "medium", "orders")
 
-    for r in _rows(conn, q, "product_buyers_month", params):
+    for r in rows_of(conn, q, "product_buyers_month", params):
         text = rng.choice(["Who bought {p} in {m}?", "Which customers ordered {p} in {m}?"]).format(
             p=r["product_name"], m=_month(r["month"])
         )
         keys = sorted(r["keys"], key=int)
         add("nw-product-month", text, r["names"], orders(keys), "complex", "products")
 
-    for r in _rows(conn, q, "city_customers", params):
+    for r in rows_of(conn, q, "city_customers", params):
         text = rng.choice(
             ["Which customers are based in {c}?", "List our customers in {c}, {k}."]
         ).format(c=r["city"], k=r["country"])
         add("nw-city", text, r["names"], customers(r["keys"]), "medium", "customers")
 
-    for r in _rows(conn, q, "unshipped_by_country", params):
+    for r in rows_of(conn, q, "unshipped_by_country", params):
         text = rng.choice(
             [
                 "Which orders to {c} have not been shipped yet?",
@@ -118,17 +107,17 @@ def generate_northwind_questions(
         keys = r["keys"]
         add("nw-unshipped", text, ", ".join(keys), orders(keys), "medium", "orders")
 
-    for r in _rows(conn, q, "category_customers_country", params):
+    for r in rows_of(conn, q, "category_customers_country", params):
         text = rng.choice(
             ["Which customers in {c} buy {g}?", "Who in {c} has bought {g} products?"]
         ).format(c=r["country"], g=r["category"])
         add("nw-category", text, r["names"], customers(r["keys"]), "complex", "products")
 
-    bounds = _rows(conn, q, "bounds", params)[0]
+    bounds = rows_of(conn, q, "bounds", params)[0]
     fakes = list(_FAKE_COMPANIES)
     rng.shuffle(fakes)
     lim = min(5, limit_per_template)
-    for r in _rows(conn, q, "absent_names", {"names": fakes, "lim": lim}):
+    for r in rows_of(conn, q, "absent_names", {"names": fakes, "lim": lim}):
         text = rng.choice(["How many orders has {n} placed?", "What did {n} order?"])
         add("nw-edge-customer", text.format(n=r["name"]), NOT_FOUND, [], "simple", "edge")
     for i in range(lim):

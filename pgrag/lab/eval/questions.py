@@ -207,9 +207,10 @@ def _queries() -> dict[str, str]:
     return {name: body.strip() for name, body in zip(parts[1::2], parts[2::2], strict=True)}
 
 
-def _rows(
+def rows_of(
     conn: psycopg.Connection[Any], queries: Mapping[str, str], name: str, params: dict[str, Any]
 ) -> list[dict[str, Any]]:
+    """The rows of one named query of a question set's SQL file (``named_queries``)."""
     # the file is ours, shipped with the package: a trusted literal, not user input
     query = sql.SQL(queries[name])  # type: ignore[arg-type,unused-ignore]
     with mapped_database_errors(), conn.cursor(row_factory=dict_row) as cur:
@@ -306,7 +307,7 @@ def generate_shop_questions(
         return [("order_detail", k) for k in keys]
 
     # what did X return (simple, returns)
-    for r in _rows(conn, q, "customer_returns", params):
+    for r in rows_of(conn, q, "customer_returns", params):
         who = rng.choice([r["name"], f"customer {r['customer_id']}", r["name"]])
         text = rng.choice(
             [
@@ -327,7 +328,7 @@ def generate_shop_questions(
         )
 
     # order count and total spent of X (simple lookups)
-    for r in _rows(conn, q, "customer_totals", params):
+    for r in rows_of(conn, q, "customer_totals", params):
         key = profiles([str(r["customer_id"])])
         name, count = r["name"], r["order_count"]
         text = rng.choice(
@@ -360,7 +361,7 @@ def generate_shop_questions(
         add("aggregates-spent", text, _money(r["spent"]), key, "simple", "aggregates")
 
     # status of order N (simple, orders)
-    for r in _rows(conn, q, "order_status", params):
+    for r in rows_of(conn, q, "order_status", params):
         oid = r["order_id"]
         text = rng.choice(
             [
@@ -373,7 +374,7 @@ def generate_shop_questions(
         add("orders-status", text, r["status"], orders([str(oid)]), "simple", "orders")
 
     # orders of X in month M not yet delivered (medium, orders)
-    for r in _rows(conn, q, "undelivered_in_month", params):
+    for r in rows_of(conn, q, "undelivered_in_month", params):
         month: dt.date = r["month"]
         text = rng.choice(
             [
@@ -397,7 +398,7 @@ def generate_shop_questions(
         add("orders-undelivered", text, answer, orders(evidence), "medium", "orders", filters)
 
     # which VIP customers have returns (medium, returns/segments)
-    for r in _rows(conn, q, "segment_returns", params):
+    for r in rows_of(conn, q, "segment_returns", params):
         seg, n = r["segment"], r["min_returns"]
         if n == 1:
             text = rng.choice(
@@ -416,7 +417,7 @@ def generate_shop_questions(
         add("segments-returns", text, answer, profiles(keys), "medium", "segments", filters)
 
     # total revenue / order count of segment S, overall or in a year (complex, aggregates)
-    for r in _rows(conn, q, "segment_aggregates", params):
+    for r in rows_of(conn, q, "segment_aggregates", params):
         seg, year = r["segment"], r["year"]
         when = f" in {year}" if year is not None else ""
         text = rng.choice(
@@ -442,7 +443,7 @@ def generate_shop_questions(
         add("aggregates-orders", text, answer, rel, "complex", "aggregates")
 
     # customers who buy category C, in city X (medium, products)
-    for r in _rows(conn, q, "category_buyers", params):
+    for r in rows_of(conn, q, "category_buyers", params):
         text = rng.choice(
             [
                 "Which customers in {c} buy {g}?",
@@ -462,7 +463,7 @@ def generate_shop_questions(
         )
 
     # who bought product P in month M (complex: product -> orders -> customers)
-    for r in _rows(conn, q, "product_buyers_month", params):
+    for r in rows_of(conn, q, "product_buyers_month", params):
         text = rng.choice(
             ["Who bought a {p} in {m}?", "Which customers ordered the {p} in {m}?"]
         ).format(p=r["product"], m=_month(r["month"]))
@@ -470,18 +471,18 @@ def generate_shop_questions(
         add("products-month", text, r["names"], orders(keys), "complex", "products")
 
     # edge cases: nothing to find
-    for r in _rows(conn, q, "unsold_products", params):
+    for r in rows_of(conn, q, "unsold_products", params):
         text = f"Who bought the {r['name']}?"
         add("edge-unsold", text, f"No one has bought the {r['name']}", [], "simple", "edge")
     fakes = [f"{f} {last}" for f in _FAKE_FIRST for last in _FAKE_LAST]
     rng.shuffle(fakes)
-    absent = _rows(conn, q, "absent_names", {"names": fakes, "lim": min(10, limit_per_template)})
+    absent = rows_of(conn, q, "absent_names", {"names": fakes, "lim": min(10, limit_per_template)})
     for r in absent:
         text = rng.choice(
             ["What did {n} return?", "How many orders has {n} placed?", "Is {n} a VIP customer?"]
         ).format(n=r["name"])
         add("edge-customer", text, NOT_FOUND, [], "simple", "edge")
-    bounds = _rows(conn, q, "id_bounds", params)[0]
+    bounds = rows_of(conn, q, "id_bounds", params)[0]
     for i in range(min(5, limit_per_template)):
         text = f"What is the status of order {bounds['max_order'] + 1000 + 37 * i}?"
         add("edge-order", text, NOT_FOUND, [], "simple", "edge")
@@ -523,7 +524,9 @@ def generate_type_questions(
     """
     if isinstance(n, bool) or not 1 <= n <= 10_000:
         raise ConfigError(f"n must be 1 to 10000, got {n!r}: e.g. 20")
-    rows = _rows(conn, _queries(), "type_rows", {"doc_type": doc_type, "seed": str(seed), "lim": n})
+    rows = rows_of(
+        conn, _queries(), "type_rows", {"doc_type": doc_type, "seed": str(seed), "lim": n}
+    )
     rng = random.Random(seed)
     label = doc_type.replace("_", " ")
     out: list[Question] = []

@@ -49,10 +49,11 @@ from psycopg.types.json import Jsonb
 from pgrag import migrate
 from pgrag.answer import Context, LLMConfig, answer
 from pgrag.errors import ConfigError, mapped_database_errors
+from pgrag.lab.eval.answers import AnswerCheck, AnswerSummary, check_answer, summarize_answers
 from pgrag.lab.eval.faithfulness import Verdict, check, judge
 from pgrag.lab.eval.metrics import METRICS, Means, QueryScores, Report, evaluate
 from pgrag.lab.eval.questions import Question, dumps_jsonl, labels, qrels
-from pgrag.parse import CUSTOMER_PROFILE, ORDER_DETAIL
+from pgrag.lab.sample_documents import COMPARISON_TYPES
 from pgrag.search import Mode, SearchHit
 
 if TYPE_CHECKING:
@@ -62,7 +63,12 @@ if TYPE_CHECKING:
 TOP_N = 5  # hits given to the answer
 SHOP_ENTITIES: dict[str, str] = {"order_id": "order_detail", "customer_id": "customer_profile"}
 NORTHWIND_ENTITIES: dict[str, str] = {"order_id": "nw_order", "customer_id": "nw_customer"}
-KNOWN_ENTITIES = (SHOP_ENTITIES, NORTHWIND_ENTITIES)
+CLUBDATA_ENTITIES: dict[str, str] = {
+    "month_key": "club_member_month",
+    "member_id": "club_member",
+    "facility_id": "club_facility",
+}
+KNOWN_ENTITIES = (SHOP_ENTITIES, NORTHWIND_ENTITIES, CLUBDATA_ENTITIES)
 
 
 @dataclass(frozen=True)
@@ -173,6 +179,7 @@ class QuestionRun:
     unsupported: tuple[str, ...]
     verdict: Verdict | None  # the LLM judge's, when an LLM is configured
     filter: Mapping[str, Any] | None  # the filter searched (hybrid)
+    answer_check: AnswerCheck | None = None  # the answer against the expected one
 
 
 @dataclass(frozen=True)
@@ -206,6 +213,7 @@ class EvalResult:
     labels: Mapping[str, Mapping[str, str]]
     latency_ms: Latency
     faithfulness: FaithfulnessSummary
+    answers: AnswerSummary
     embedding_model: str | None
     pgrag_version: str
     chunks: int  # chunks of the searched document types
@@ -236,6 +244,7 @@ class EvalResult:
             "skipped": list(self.report.skipped),
             "latency_ms": _plain(self.latency_ms),
             "faithfulness": _plain(self.faithfulness),
+            "answers": _plain(self.answers),
             "per_query": per_query_json(self),
             "notes": list(self.notes),
         }
@@ -276,6 +285,7 @@ def per_query_json(result: EvalResult) -> list[dict[str, Any]]:
                 "unsupported": list(q.unsupported),
                 "judge": None if q.verdict is None else _plain(q.verdict),
                 "filter": q.filter,
+                "answer_check": None if q.answer_check is None else _plain(q.answer_check),
             }
         )
     return out
@@ -396,6 +406,7 @@ def _retrieve(
     doc_types: Sequence[str] | None,
     llm: LLMConfig | None,
     embedder: QueryCache,
+    among: Sequence[str] | None = None,
 ) -> _Retrieved:
     from pgrag.ask import ask
     from pgrag.search import search
@@ -411,6 +422,7 @@ def _retrieve(
             llm=llm,
             use_env_llm=False,
             embedder=embedder,
+            among=among,
         )
         t = r.timings
         latency = t["total_ms"] - t.get("embed_ms", 0.0) - t.get("generate_ms", 0.0)
@@ -482,8 +494,8 @@ def run_eval(
         )
     searched = [t for t in counts if types is None or t in types]
     if strat.pipeline and types is None:
-        # the parse picks among the shop's types when they exist, else every type is searched
-        searched = [t for t in searched if t in (CUSTOMER_PROFILE, ORDER_DETAIL)] or searched
+        # the benchmark's comparison types share the store: the pipeline's parse never picks them
+        searched = [t for t in searched if t not in COMPARISON_TYPES] or searched
     chunks = sum(counts[t][0] for t in searched)
     waiting = sum(counts[t][1] for t in searched)
     notes: list[str] = []
@@ -499,7 +511,7 @@ def run_eval(
     for i, q in enumerate(questions, start=1):
         got = _retrieve(
             conn, q.question, strat, k=k, filters=filters, doc_types=doc_types, llm=llm,
-            embedder=cache,
+            embedder=cache, among=searched,
         )  # fmt: skip
         relevant = {d for d, g in judged[q.id].items() if g >= 1}
         belongs = [belongs_to(h, keys) for h in got.hits]
@@ -520,6 +532,7 @@ def run_eval(
                 unsupported=tuple(c.text for c in faith.unsupported),
                 verdict=verdict,
                 filter=got.filter,
+                answer_check=check_answer(q.expected_answer, q.category, got.answer),
             )
         )
         if progress is not None:
@@ -537,6 +550,7 @@ def run_eval(
         labels=question_labels,
         latency_ms=Latency.of([r.latency_ms for r in runs]),
         faithfulness=summarize_faithfulness(runs),
+        answers=summarize_answers([r.answer_check for r in runs]),
         embedding_model=embedding_model(conn),
         pgrag_version=pgrag_version(),
         chunks=chunks,
