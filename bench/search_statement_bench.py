@@ -71,6 +71,14 @@ def _where(conn: psycopg.Connection[Any], flt: Any) -> str:
     return str(row[0])
 
 
+def bound(statement: str) -> str:
+    """The server's statement with its $1..$8 placeholders as the driver's %(p1)s..%(p8)s."""
+    sql = statement.replace("%", "%%")
+    for n in range(8, 0, -1):
+        sql = sql.replace(f"${n}", f"%(p{n})s")
+    return sql
+
+
 def _client(conn: psycopg.Connection[Any], plan: Any, where: str, text: str, q: Any) -> list[int]:
     k, match, exact, rrf_k, fts_limit, statement, kc, ef, max_scan, _ = plan
     with (
@@ -89,10 +97,7 @@ def _client(conn: psycopg.Connection[Any], plan: Any, where: str, text: str, q: 
                 b"explain (format json) select from pgrag.chunks c where "
                 + where.replace("%", "%%").encode()
             )
-        # the server's statement, its $n placeholders filled by the driver's own
-        sql = statement.replace("%", "%%")
-        for n in range(8, 0, -1):
-            sql = sql.replace(f"${n}", f"%(p{n})s")
+        sql = bound(statement)
         params = {"p1": text, "p2": VectorParam(q), "p3": k, "p4": kc, "p5": exact}
         params |= {"p6": rrf_k, "p7": fts_limit, "p8": match}
         sql = "select h.*, null::jsonb as stats, null::jsonb as stats_cached from (" + sql + ") h"
