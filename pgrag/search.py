@@ -26,7 +26,7 @@ import numpy as np
 import psycopg
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
-from psycopg.rows import class_row
+from psycopg.rows import class_row, tuple_row
 
 from pgrag.errors import ConfigError, NotMigrated, from_database
 from pgrag.filters import filter_param
@@ -351,23 +351,23 @@ _CHECK_FILTER: LiteralString = "select pgrag.check_filter(%(filter)s::jsonb, %(d
 
 
 @dataclass(frozen=True)
-class _CheckFilter:  # the driver runs _CHECK_FILTER with these parameters
-    params: dict[str, Any]
-
-
-@dataclass(frozen=True)
 class _Embed:  # the driver embeds the question with this cache; sends back a QueryVector
     cache: QueryCache
     question: str
 
 
 @dataclass(frozen=True)
-class _Execute:  # the driver runs the statement; sends back its rows (list[_Row])
+class _Execute:  # the driver runs the statement (never prepared: it is planned with the
+    # filter's values); sends back its rows, as _Row unless ``rows`` is False (tuples)
     statement: LiteralString
     params: dict[str, Any]
+    rows: bool = True
+
+    def row_factory(self) -> Any:
+        return class_row(_Row) if self.rows else tuple_row
 
 
-_Step = _CheckFilter | _Embed | _Execute
+_Step = _Embed | _Execute
 
 
 def _plan(query: str | None, o: SearchOptions) -> Generator[_Step, Any, SearchResult]:
@@ -380,7 +380,7 @@ def _plan(query: str | None, o: SearchOptions) -> Generator[_Step, Any, SearchRe
     if o.mode != "text" and o.vector is None and query:
         cache = _query_cache(o.embedder)
         if o.filter and not cache.embedder_ready():  # a bad filter fails before a model loads
-            yield _CheckFilter(_check_filter_params(o.filter, o.doc_types))
+            yield _Execute(_CHECK_FILTER, _check_filter_params(o.filter, o.doc_types), rows=False)
         qv = yield _Embed(cache, query)
         assert qv is not None
         o = replace(o, vector=qv.vector, model=qv.model)
@@ -453,21 +453,17 @@ def _ranked_plan(
 def _drive(
     conn: psycopg.Connection[Any], plan: Generator[_Step, Any, SearchResult]
 ) -> SearchResult:
-    """Run a plan's steps on ``conn``."""
+    """Run a plan's steps on ``conn``: each step's I/O, its result sent back to the plan."""
     try:
         step = next(plan)
         while True:
-            if isinstance(step, _CheckFilter):
-                conn.execute(_CHECK_FILTER, step.params)
-                step = next(plan)
-            elif isinstance(step, _Embed):
+            if isinstance(step, _Embed):
                 step = plan.send(step.cache.embed(conn, step.question))
-            else:
-                with conn.cursor(row_factory=class_row(_Row)) as cur:
-                    _adapt_vector_param(cur.adapters)
-                    # never prepared: the statement inside is planned with the filter's values
-                    cur.execute(step.statement, step.params, prepare=False)
-                    step = plan.send(cur.fetchall())
+                continue
+            with conn.cursor(row_factory=step.row_factory()) as cur:
+                _adapt_vector_param(cur.adapters)
+                cur.execute(step.statement, step.params, prepare=False)
+                step = plan.send(cur.fetchall())
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
     except psycopg.Error as exc:
@@ -491,16 +487,13 @@ async def _adrive(
     try:
         step = next(plan)
         while True:
-            if isinstance(step, _CheckFilter):
-                await conn.execute(_CHECK_FILTER, step.params)
-                step = next(plan)
-            elif isinstance(step, _Embed):
+            if isinstance(step, _Embed):
                 step = plan.send(await step.cache.aembed(conn, step.question))
-            else:
-                async with conn.cursor(row_factory=class_row(_Row)) as cur:
-                    _adapt_vector_param(cur.adapters)
-                    await cur.execute(step.statement, step.params, prepare=False)
-                    step = plan.send(await cur.fetchall())
+                continue
+            async with conn.cursor(row_factory=step.row_factory()) as cur:
+                _adapt_vector_param(cur.adapters)
+                await cur.execute(step.statement, step.params, prepare=False)
+                step = plan.send(await cur.fetchall())
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
     except psycopg.Error as exc:
