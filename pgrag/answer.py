@@ -298,11 +298,15 @@ _QUOTE_NOISE = {
 
 
 def quote_lines(text: str, question: str, limit: int = EXTRACTIVE_CHARS) -> str:
-    """A context, quoted for ``question``: its first line (what it is), then its lines (or
-    sentences, "; "-separated items) that share a word with the question, in their order, up to
-    ``limit`` characters each; the first ``limit`` characters when none does."""
+    """A context, quoted for ``question``: whole when it is at most ``limit`` characters; else its
+    first line (what it is), then its lines (or sentences, "; "-separated items) that share a
+    word with the question, in their order, up to ``limit`` characters each; the first
+    ``limit`` characters when none does."""
     from pgrag.vocabulary import same_word, tokens
 
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat  # short enough to quote whole
     wanted = [w for w in tokens(question) if w not in _QUOTE_NOISE and len(w) > 1]
     parts = [p.strip() for p in re.split(r"\n|(?<=[.;])\s+", text) if p.strip()]
     if not parts:
@@ -314,8 +318,7 @@ def quote_lines(text: str, question: str, limit: int = EXTRACTIVE_CHARS) -> str:
         else []
     )
     if not kept:
-        flat = " ".join(text.split())
-        return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+        return flat[: limit - 3] + "..."
     out = [_cut(head, limit)]
     budget = 3 * limit
     for p in kept:
