@@ -85,7 +85,7 @@ def contexts_of(hits: Sequence[SearchHit]) -> list[Context]:
 def pick_statistic(
     question: str, parsed: ParsedQuery, stats: Mapping[str, Any] | None
 ) -> tuple[str, Any] | None:
-    """The one statistic the question asks for ("how many orders" -> order_detail.order_count),
+    """The one statistic the question asks for ("how many orders" -> <type>.order_count),
     by the words of its name, the aggregate asked for and the noun after "how many"; None when
     no statistic's name shares a word with the question."""
     if not stats or parsed.aggregate is None:

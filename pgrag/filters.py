@@ -5,9 +5,9 @@ The language itself (keys, operators, value types, limits) and its compiler live
 ``pgrag._filter_sql`` in sql/idempotent/25_filters_int.sql, which the search, the statistics,
 the filter indexes and SQL callers share (docs/filters-and-answers.md):
 
-    {"segment": "VIP", "has_returns": true}
-    {"order_date": {"$gte": "2024-01-01", "$lt": "2024-02-01"}, "status": {"$ne": "delivered"}}
-    {"categories": {"$contains": "Books"}, "$or": [{"total": {"$gt": 100}}, {"segment": "VIP"}]}
+    {"tier": "gold", "is_member": true}
+    {"placed_on": {"$gte": "2024-01-01", "$lt": "2024-02-01"}, "state": {"$ne": "closed"}}
+    {"tags": {"$contains": "garden"}, "$or": [{"amount": {"$gt": 100}}, {"tier": "gold"}]}
 
 Here: ``parse_filter_json`` reads a filter given as JSON text (the CLI's ``--filter``);
 ``filter_param`` turns a Python filter into the ``jsonb`` parameter the SQL API takes, refusing

@@ -7,10 +7,10 @@ declared types, their metadata keys and types, the words a declarer described
 (``pgrag.describe_document``) and the values present in the chunks. From those, and from English
 alone, it finds:
 
-- values of text keys named in the question ("VIP", "Germany", "john smith"; plurals, declared
+- values of text keys named in the question ("Gold", "Germany", "john smith"; plurals, declared
   value synonyms, and close spellings of names: "Jon Smith"), each with every key that holds it;
 - identifiers: "<entity> 42" / "<entity> #42" for an integer key named <entity>_id (or <entity>id);
-- booleans: the words of a boolean key ("returned" for has_returns), "not" / "no" / "without";
+- booleans: the words of a boolean key ("shipped" for is_shipped), "not" / "no" / "without";
 - comparisons: "more than $50", "at least two hours", "between 3 and 5 orders", mapped to the
   numeric key whose words are nearest;
 - time phrases ("in March 2023", "last 3 months", "since 2024") on the date key the question
@@ -748,7 +748,7 @@ def _show(condition: Any) -> str:
 
 
 def _merge(flt: dict[str, Any], ors: list[dict[str, Any]], key: str, condition: Any) -> None:
-    """Add ``key: condition``. Two values of one key ("VIP and dormant customers", "books and
+    """Add ``key: condition``. Two values of one key ("gold and silver members", "books and
     toys") are either of them ($in); other conditions on one key all apply."""
 
     def values(c: Any) -> list[Any] | None:

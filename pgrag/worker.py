@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import psycopg
 from pgvector.psycopg import register_vector
+from psycopg import sql
 from psycopg.rows import class_row
 
 from pgrag.connection import connect_once
@@ -462,8 +463,8 @@ class Worker:
                 with psycopg.connect(
                     self.url, autocommit=True, application_name="pgrag worker listener"
                 ) as listener:
-                    listener.execute(f"listen {NOTIFY_CHANNEL}")
-                    listener.execute(f"listen {RENDER_CHANNEL}")
+                    for channel in (NOTIFY_CHANNEL, RENDER_CHANNEL):
+                        listener.execute(sql.SQL("listen {}").format(sql.Identifier(channel)))
                     while not self.stop.is_set():
                         result = self.drain(on_batch, on_render)
                         total = _merge(total, result)
