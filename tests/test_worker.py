@@ -314,7 +314,8 @@ def test_worker_wakes_on_notify_and_stops_on_sigterm(db_url: str, fake: FakeEmbe
                 lambda: (
                     scalar(
                         db_url,
-                        "select count(*) from pg_stat_activity where query = 'listen \"pgrag_render\"'",
+                        "select count(*) from pg_stat_activity "
+                        "where query = 'listen \"pgrag_render\"'",
                     )
                     == 1
                 ),
