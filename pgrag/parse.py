@@ -615,6 +615,15 @@ def parse_question(
     doc_types = _choose_types(
         vocabulary, index, toks, mentions, rank, text, taken, time_range is not None
     )
+    if rank is not None and not any(rank.key in types[d].keys for d in doc_types):
+        notes.append(
+            f"{rank.phrase!r}: {'/'.join(doc_types)} has no key {rank.key}, ranked by similarity"
+        )
+        rank = None
+    if rank is None and _RANK_RE.search(text) and not re.search(r"\bhow\s+many\b", text, re.I):
+        # "who is the most frequent member on Table Tennis": no key to rank by; the document
+        # of the thing named (the facility, whose text says who books it most) may hold it
+        doc_types = tuple(sorted({*doc_types, *_identified_types(vocabulary, mentions)}))
     if len(doc_types) > 1 and time_range is not None:
         # a time phrase settles a tie: the types with a date key the question names ("joined
         # in 2012": join_date), else the finer-grained (child) types, which hold the events
@@ -1074,24 +1083,43 @@ def _link(vocabulary: Vocabulary, mention: Mention, doc_types: Sequence[str]) ->
     return None
 
 
+def _identified_types(vocabulary: Vocabulary, mentions: Sequence[Mention]) -> set[str]:
+    """The types in which a mention's value names one document (a text key with about as many
+    distinct values as documents: a name, a title)."""
+    found: set[str] = set()
+    for mention in mentions:
+        for owner, key in mention.keys:
+            t = vocabulary.types[owner]
+            k = t.keys[key]
+            if k.type == "text" and t.documents and k.distinct_values >= 0.9 * t.documents:
+                found.add(owner)
+    return found
+
+
 def _preferred_keys(
     vocabulary: Vocabulary, index: _Index, toks: Sequence[_Tok], mention: Mention, doc_type: str
 ) -> list[str]:
-    """Of the keys of ``doc_type`` that hold a mention's value, the ones it is about: those whose
-    words are among the three before it ("recommended by X"), else the most identifying (most
-    distinct values per document: a member's own name before the names they recommended)."""
+    """Of the keys of ``doc_type`` that hold a mention's value, the ones it is about: the scalar
+    key whose words are among the three before it ("recommended by X": recommended_by; a key
+    named with "by" only after "by"), else the most identifying (most distinct values per
+    document: a member's own name before the names they recommended)."""
     keys = [k for t, k in mention.keys if t == doc_type]
     if len(keys) <= 1:
         return keys
-    before = [t.word for t in toks if t.end <= mention.span[0]][-3:]
+    t = vocabulary.types[doc_type]
+    before = [x.word for x in toks if x.end <= mention.span[0]][-3:]
+    passive = bool(before) and before[-1] == "by"
+    # "recommended by X": the key named for that relation (recommended_by); "who recommended X"
+    # (X the object): X's own document, which tells its relations both ways
     named = [
         k
         for k in keys
-        if any(same_word(b, w) for b in before for w in index.key_words[(doc_type, k)])
+        if not t.keys[k].type.endswith("[]")
+        and ("by" in name_words(k)) == passive
+        and any(same_word(b, w) for b in before for w in index.key_words[(doc_type, k)])
     ]
     if named:
         return named
-    t = vocabulary.types[doc_type]
 
     def identifying(key: str) -> float:
         k = t.keys[key]

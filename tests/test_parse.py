@@ -393,3 +393,35 @@ def test_endpoint_errors_fall_back_to_rules(
     p = llm_parser(unused_port_url(), shop).parse("VIP customers", vocabulary, today=TODAY)
     assert p.parser == "rules"
     assert "APIConnectionError" in p.notes[0]
+
+
+# ---- relations and superlatives, on a schema of no dataset ----
+
+PEOPLE = Vocabulary.from_schemas(
+    {
+        "person": {"name": "text", "invited_by": "text", "invited": "text[]", "rooms": "text[]"},
+        "room": {"title": "text", "bookings": "integer"},
+    },
+    {
+        "person": {
+            "name": ["Ada Byron", "Alan Turing", "Grace Hopper"],
+            "invited_by": ["Ada Byron"],
+            "invited": ["Alan Turing", "Grace Hopper"],
+            "rooms": ["Blue Room", "Red Room"],
+        },
+        "room": {"title": ["Blue Room", "Red Room"]},
+    },
+)
+
+
+def test_a_name_after_by_is_the_relation_and_before_it_the_persons_own() -> None:
+    assert parse(PEOPLE, "Who was invited by Ada Byron?").filter == {"invited_by": "Ada Byron"}
+    # "who invited Grace Hopper": her own document says who invited her (or that nobody did)
+    assert parse(PEOPLE, "Who invited Grace Hopper?").filter == {"name": "Grace Hopper"}
+
+
+def test_a_superlative_with_no_key_to_rank_by_adds_the_named_things_type() -> None:
+    p = parse(PEOPLE, "Who is the most frequent guest of the Blue Room?")
+    assert p.rank_by is None
+    assert p.doc_types == ("person", "room")
+    assert p.filter == {"$or": [{"rooms": {"$contains": "Blue Room"}}, {"title": "Blue Room"}]}
