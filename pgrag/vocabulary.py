@@ -9,6 +9,7 @@ without a database (tests, offline parsing). Nothing here names a type or key of
 
 from __future__ import annotations
 
+import functools
 import re
 import threading
 import time
@@ -172,6 +173,7 @@ def singular(word: str) -> str:
     return word
 
 
+@functools.lru_cache(maxsize=65536)
 def stem(word: str) -> str:
     """A crude stem for matching a key's words with a question's: returned, returns -> return."""
     w = singular(word.lower())
@@ -184,6 +186,7 @@ def stem(word: str) -> str:
     return w
 
 
+@functools.lru_cache(maxsize=65536)
 def same_word(a: str, b: str) -> bool:
     """Whether two words are forms of one: equal stems, or a shared start of 5+ letters
     (registered / registration)."""
