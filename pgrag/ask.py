@@ -24,6 +24,7 @@ from psycopg.types.json import Jsonb
 
 from pgrag import search as search_mod
 from pgrag.answer import Answer, Context, LLMConfig, answer, not_found_answer
+from pgrag.errors import ConfigError
 from pgrag.limits import check_question
 from pgrag.parse import Link, ParsedQuery, parse_question
 from pgrag.rerank import Reranker
@@ -92,7 +93,7 @@ def pick_statistic(
         return None
     words = [w for w in tokens(question) if w not in ("how", "many", "much", "the", "of", "a")]
     counted = re.search(r"\b(?:how\s+many|number\s+of)\s+((?:\w+\s+){0,2}\w+)", question, re.I)
-    head = tokens(counted.group(1)) if counted else []
+    head = [w for w in tokens(counted.group(1)) if len(w) > 2] if counted else []
     kinds = {
         "count": {"count", "number", "n", "total"},
         "sum": {"total", "sum", "revenue", "amount", "spent"},
@@ -111,6 +112,12 @@ def pick_statistic(
             if isinstance(value, Mapping | list):
                 continue
             key_words = set(name_words(str(key)))
+            if (
+                head
+                and parsed.aggregate == "count"
+                and not any(same_word(h, k) for h in head for k in key_words)
+            ):
+                continue  # "how many products": not an order count
             named = sum(any(same_word(w, k) for k in key_words) for w in set(words))
             kind = bool(key_words & kinds)
             if not named and not kind:
@@ -167,6 +174,8 @@ def ask(
     for). ``llm`` defaults to ``LLMConfig.from_env()`` (extractive answer when none). ``among``:
     the declared types the question may be about (default: every one)."""
     check_question(question)
+    if not question.strip():
+        raise ConfigError("the question is empty: ask something, e.g. 'How many orders in 2024?'")
     started = time.perf_counter()
     vocabulary = load_vocabulary(conn)
     if among is not None:
@@ -242,7 +251,7 @@ def ask(
             stats_found,
             llm=llm,
             headline=None
-            if _partial(parsed, vocabulary, flt)
+            if rank is not None or _partial(parsed, vocabulary, flt)
             else pick_statistic(question, parsed, stats_found),
         )
     generate_ms = (time.perf_counter() - t) * 1000
@@ -277,17 +286,21 @@ def _resolve_link(
     """Add ``link.key``'s values (of the related documents matching it) to ``flt``; the reason
     when none matches."""
     condition = link.condition
-    if isinstance(condition, Mapping):
-        if set(condition) != {"$contains"}:
-            notes.append(f"{link.phrase!r}: not looked up in {link.via_type} ({condition})")
-            return None
-        match = {link.via_key: [condition["$contains"]]}
+    if isinstance(condition, Mapping) and set(condition) == {"$contains"}:
+        matches = [{link.via_key: [condition["$contains"]]}]
+    elif isinstance(condition, Mapping) and set(condition) == {"$in"}:
+        matches = [{link.via_key: v} for v in condition["$in"]]
+    elif isinstance(condition, Mapping):
+        notes.append(f"{link.phrase!r}: not looked up in {link.via_type} ({condition})")
+        return None
     else:
-        match = {link.via_key: condition}
-    rows = conn.execute(
-        _LINKED, {"key": link.key, "type": link.via_type, "match": Jsonb(match)}
-    ).fetchall()
-    values = [r[0] for r in rows if r[0] is not None]
+        matches = [{link.via_key: condition}]
+    values: list[Any] = []
+    for match in matches:
+        rows = conn.execute(
+            _LINKED, {"key": link.key, "type": link.via_type, "match": Jsonb(match)}
+        ).fetchall()
+        values += [r[0] for r in rows if r[0] is not None and r[0] not in values]
     if not values:
         return f"no {link.via_type} has {link.via_key} {json.dumps(condition, default=str)}"
     if len(values) > MAX_LINKED:

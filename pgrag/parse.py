@@ -42,9 +42,20 @@ from typing import Any
 from pgrag.errors import InvalidFilter, MissingDependency, PgragError
 from pgrag.filters import value_fits
 from pgrag.limits import check_question
-from pgrag.vocabulary import KeyWords, Vocabulary, name_words, same_word, singular, stem, tokens
+from pgrag.vocabulary import (
+    WORD_RE,
+    KeyWords,
+    Vocabulary,
+    fold,
+    name_words,
+    same_word,
+    singular,
+    stem,
+    tokens,
+)
 
 INTENTS = ("stats", "rank", "lookup", "search")
+MAX_FUZZY = 5  # name-like phrases of one question matched against close spellings
 AGGREGATES = ("count", "sum", "avg", "max", "min")
 
 
@@ -172,7 +183,11 @@ _COUNT = r"(\d{1,4}|" + "|".join(_NUMBER_WORDS) + r")"
 _UNIT = r"(day|week|month|quarter|year)s?"
 
 
-_NUMBER_RE = r"(\d[\d,]*(?:\.\d+)?|" + "|".join(k for k in _NUMBER_WORDS if len(k) > 2) + r")"
+_NUMBER_RE = (
+    r"(\d[\d,]{0,24}(?:\.\d{1,12})?(?![\d,])|"
+    + "|".join(k for k in _NUMBER_WORDS if len(k) > 2)
+    + r")"
+)
 
 # Words that are values of some key in many stores (a segment "New", a status "open") but mean
 # something else in most questions: such a one-word value counts only written as declared
@@ -180,8 +195,8 @@ _NUMBER_RE = r"(\d[\d,]*(?:\.\d+)?|" + "|".join(k for k in _NUMBER_WORDS if len(
 _COMMON = set(
     """
     a an the and or of in on at to for by with from as is are was were be been has have had do
-    does did not no yes none all any some each every other others new old open closed active
-    inactive regular normal standard general first last next this that these those one two
+    does did not no yes none all any some each every other others new old open closed
+    normal standard general first last next this that these those one two
     more most less least many much few top best good bad high low big small large long short
     total average count sum mean max min who what which when where why how
     """.split()  # noqa: SIM905 (a word list reads better as words)
@@ -354,7 +369,7 @@ class _Index:
     max_len: int
     type_words: dict[str, set[str]]  # type -> stems of its name words and synonyms
     key_words: dict[tuple[str, str], list[str]]  # (type, key) -> its words (stems)
-    names: list[tuple[str, str, str]]  # (lower-case value, type, key) of text keys, for fuzzy
+    names: dict[str, list[tuple[str, str, str]]]  # first letter -> (folded value, type, key)
 
 
 _indexes: weakref.WeakKeyDictionary[Vocabulary, _Index] = weakref.WeakKeyDictionary()
@@ -376,7 +391,7 @@ def _index(vocabulary: Vocabulary) -> _Index:
 
     type_words: dict[str, set[str]] = {}
     key_words: dict[tuple[str, str], list[str]] = {}
-    names: list[tuple[str, str, str]] = []
+    names: dict[str, list[tuple[str, str, str]]] = {}
     for t in vocabulary.types.values():
         words = {stem(w) for w in name_words(t.name) if len(w) > 2}
         words -= {stem(w) for w in _GENERIC_TYPE_WORDS}
@@ -396,7 +411,8 @@ def _index(vocabulary: Vocabulary) -> _Index:
                     continue
                 add(words_of, (t.name, k.name, value, "value"))
                 if len(words_of) <= 6:
-                    names.append((" ".join(words_of), t.name, k.name))
+                    folded = " ".join(words_of)
+                    names.setdefault(folded[:1], []).append((folded, t.name, k.name))
             for value, synonyms in k.value_synonyms.items():
                 for s in synonyms:
                     add(tokens(s), (t.name, k.name, value, "synonym"))
@@ -424,7 +440,7 @@ def parse_question(
     today = today or dt.date.today()
     text = question.replace("\u2019", "'").replace("\u2018", "'")
     index = _index(vocabulary)
-    toks = [_Tok(m.group(0), m.start(), m.end()) for m in re.finditer(r"[0-9a-z]+", text.lower())]
+    toks = [_Tok(fold(m.group(0)), m.start(), m.end()) for m in WORD_RE.finditer(text)]
     matched: list[Matched] = []
     notes: list[str] = []
     mentions: list[Mention] = []
@@ -531,10 +547,10 @@ def parse_question(
 
     # 4. names the store does not hold: a close spelling, or unknown
     unknown: list[str] = []
-    for phrase, span in _name_phrases(text):
+    for tried, (phrase, span) in enumerate(_name_phrases(text)):
         if not free(*span):
             continue
-        close = _closest_names(phrase, index)
+        close = _closest_names(phrase, index) if tried < MAX_FUZZY else []
         if close:
             keys = tuple(dict.fromkeys((t, k) for _, t, k in close))
             found = list(dict.fromkeys(v for v, _, _ in close))
@@ -544,7 +560,7 @@ def parse_question(
             mentions.append(Mention(phrase, keys, value, "fuzzy", span))
             notes.append(f"{phrase!r} read as {' or '.join(map(repr, spelled))}")
             take(*span)
-        else:
+        elif phrase not in unknown:
             unknown.append(phrase)
 
     # 5. booleans: the words of a boolean key
@@ -565,8 +581,9 @@ def parse_question(
             ]
             if not hits:
                 continue
-            # a verb with its object is not the flag ("who recommended Burton Tracy")
-            hits = [x for x in hits if not any(0 <= m.span[0] - x.end <= 1 for m in mentions)]
+            # a verb with its object is not the flag: "who recommended Burton Tracy", "orders
+            # shipped to France" (at most one small word between the verb and a value)
+            hits = [x for x in hits if not any(_object_of(text, x.end, m) for m in mentions)]
             if not hits:
                 continue
             at = hits[0]
@@ -606,9 +623,20 @@ def parse_question(
 
     # 7. numbers asked for, and ranking
     rank = _rank(vocabulary, index, text, toks)
-    plain = text  # the words of a ranking ("by total spent") ask for an order, not a sum
-    if rank is not None and (by := _BY_RE.search(text)) is not None:
-        plain = text[: by.start()] + " " * (by.end() - by.start()) + text[by.end() :]
+    plain = text  # the words of a ranking ("by total spent", "the highest total spent") ask
+    if rank is not None:  # for an order, not a sum
+        for phrase_match in (_BY_RE.search(text), _RANK_RE.search(text)):
+            if phrase_match is not None:
+                stop = (
+                    phrase_match.end()
+                    if phrase_match.re is _BY_RE
+                    else _words_after(text, phrase_match.end(), 3)
+                )
+                plain = (
+                    plain[: phrase_match.start()]
+                    + " " * (stop - phrase_match.start())
+                    + plain[stop:]
+                )
     aggregate = next((name for name, rx in _AGGREGATE_RULES if rx.search(plain)), None)
 
     # 8. the type the question is about
@@ -680,6 +708,18 @@ def parse_question(
         conditions = {
             k: c for k in names if (c := _for_key(schema[k], mention.condition)) is not None
         }
+        negated_lists = [
+            {"$not": {k: {"$contains": mention.condition["$ne"]}}}
+            for k in names
+            if k not in conditions
+            and schema[k].endswith("[]")
+            and isinstance(mention.condition, Mapping)
+            and set(mention.condition) == {"$ne"}
+            and _fits(schema[k], mention.condition)
+        ]
+        if negated_lists:  # "orders not in Books": none of its categories is Books
+            matched.append(Matched(mention.phrase, json.dumps(negated_lists[0])))
+            ors.append(negated_lists[0] if len(negated_lists) == 1 else {"$and": negated_lists})
         if not conditions:
             continue
         matched.append(
@@ -785,6 +825,23 @@ def _merge(flt: dict[str, Any], ors: list[dict[str, Any]], key: str, condition: 
         ors.append({"$and": [{key: flt.pop(key)}, {key: condition}]})
 
 
+_LINKING = {"to", "from", "in", "into", "on", "at", "for", "with", "via", "by", "of", "the", "a"}
+
+
+def _words_after(text: str, start: int, n: int) -> int:
+    """The position after the ``n`` words that follow ``start``."""
+    ends = [m.end() for m in WORD_RE.finditer(text, start)][:n]
+    return ends[-1] if ends else start
+
+
+def _object_of(text: str, end: int, mention: Mention) -> bool:
+    """Whether ``mention`` follows position ``end`` with at most one small word between."""
+    if mention.span[0] < end:
+        return False
+    between = tokens(text[end : mention.span[0]])
+    return len(between) == 0 or (len(between) == 1 and between[0] in _LINKING)
+
+
 def _unprefixed(word: str) -> str:
     """A word without a negating prefix: unshipped -> shipped, nonrefundable -> refundable."""
     for prefix in ("non", "un"):
@@ -860,8 +917,8 @@ def _closest_names(phrase: str, index: _Index) -> list[tuple[str, str, str]]:
     best_ratio = 0.8
     matcher = difflib.SequenceMatcher(autojunk=False)
     matcher.set_seq2(wanted)
-    for value, t, k in index.names:
-        if abs(len(value.split()) - n) > 1 or value[:1] != wanted[:1]:
+    for value, t, k in index.names.get(wanted[:1], ()):
+        if abs(len(value.split()) - n) > 1:
             continue
         matcher.set_seq1(value)
         if matcher.real_quick_ratio() < best_ratio or matcher.quick_ratio() < best_ratio:
@@ -1216,7 +1273,10 @@ def _time_range(text: str, today: dt.date, free: Any) -> TimeRange | None:
         for m in re.finditer(pattern, text, re.I):
             if not free(m):
                 continue
-            start, end = build(m, today)
+            try:
+                start, end = build(m, today)
+            except (ValueError, OverflowError):  # "the last 3000 years": before year 1
+                continue
             return TimeRange(start, end, m.group(0))
     return None
 

@@ -13,6 +13,7 @@ import functools
 import re
 import threading
 import time
+import unicodedata
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,10 @@ VOCABULARY_TTL_S = 300.0
 MAX_VALUES_PER_KEY = 5000
 
 _LOAD: LiteralString = "select pgrag.vocabulary(%s)"
-_WHO: LiteralString = "select current_user, coalesce(current_setting('pgrag.tenant', true), '')"
+# What row-level security on the chunks depends on: the roles, and the tenant the session is
+# bound to (pgrag.current_tenant() follows the login role's binding, not only the setting).
+_WHO: LiteralString = "select current_user, session_user, coalesce(pgrag.current_tenant(), '')"
+MAX_CACHED = 64  # vocabularies kept (per database, role and tenant); the oldest goes first
 
 
 @dataclass(frozen=True)
@@ -154,12 +158,18 @@ def _strings(value: Any) -> tuple[str, ...]:
 
 # ---- words ----
 
-_TOKEN_RE = re.compile(r"[0-9a-z]+")
+WORD_RE = re.compile(r"[^\W_]+")
+
+
+def fold(word: str) -> str:
+    """A word as questions and values are compared: case-folded, accents off (Århus -> arhus)."""
+    decomposed = unicodedata.normalize("NFKD", word.casefold())
+    return "".join(c for c in decomposed if not unicodedata.combining(c))
 
 
 def tokens(text: str) -> list[str]:
-    """Lower-case alphanumeric runs: how questions and values are compared."""
-    return _TOKEN_RE.findall(text.lower())
+    """The words of a text (letters and digits of any script), folded."""
+    return [fold(w) for w in WORD_RE.findall(text)]
 
 
 def singular(word: str) -> str:
@@ -231,6 +241,8 @@ def load_vocabulary(conn: psycopg.Connection[Any], *, fresh: bool = False) -> Vo
     vocabulary = Vocabulary.from_json(row[0] if row and row[0] else {})
     with _cache_lock:
         _cache[key] = (time.monotonic(), vocabulary)
+        while len(_cache) > MAX_CACHED:
+            del _cache[min(_cache, key=lambda k: _cache[k][0])]
     return vocabulary
 
 
@@ -250,5 +262,6 @@ __all__ = [
     "same_word",
     "singular",
     "stem",
+    "fold",
     "tokens",
 ]

@@ -582,8 +582,7 @@ begin
                           (select string_agg(k, ', ' order by k)
                              from jsonb_object_keys(t.metadata_schema) k));
     end if;
-    -- the shape: strings, lists of strings, objects of lists of strings; no word over 200
-    -- characters, at most 1,000 words in all
+    -- the shape: strings, lists of strings, objects of lists of strings (sizes checked below)
     select string_agg(format('%s.%s', e.key, f.key), ', ') into bad
       from jsonb_each(coalesce(keys, '{}')) e
       left join lateral jsonb_each(case when jsonb_typeof(e.value) = 'object' then e.value end) f

@@ -84,3 +84,56 @@ def test_a_reader_calls_no_definer_but_the_documented_ones(db_url: str, reader: 
             (reader.role,),
         ).fetchall()
     assert {r[0].replace(", ", ",") for r in rows} == READER_DEFINERS
+
+
+def test_two_tenants_reading_as_one_role_get_their_own_vocabulary(
+    db_url: str, reader: Reader
+) -> None:
+    """The parser's vocabulary is cached per role and tenant: two login roles bound to different
+    tenants that both SET ROLE to the reader role share a current_user, not a vocabulary (the
+    cache followed the setting pgrag.tenant, not the login role's binding)."""
+    from psycopg import sql
+
+    from pgrag.vocabulary import forget_vocabulary, load_vocabulary
+    from tests.security.conftest import PASSWORD
+
+    other = f"{reader.role}_globex"
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        reader_role = conn.execute("select reader_role from pgrag.settings").fetchone()
+        assert reader_role is not None
+        conn.execute(
+            sql.SQL("create role {} login password {} in role {}").format(
+                sql.Identifier(other), sql.Literal(PASSWORD), sql.Identifier(reader_role[0])
+            )
+        )
+        conn.execute("select pgrag.bind_tenant_role(%s, 'globex')", (other,))
+        conn.execute(
+            "create table public.people (id integer primary key, tenant text, name text);"
+            "insert into public.people values (1, 'acme', 'Alice Acmeworth'), "
+            "(2, 'globex', 'Bob Globexley');"
+            "grant select on public.people to public"
+        )
+        conn.execute(
+            "select pgrag.declare_document('person', $$select p.id as source_key, p.tenant, "
+            "p.name as text, jsonb_build_object('name', p.name) as metadata "
+            'from public.people p$$, \'{"public.people": "select id from changed"}\', '
+            "metadata_schema => '{\"name\": \"text\"}', tenant_column => 'tenant')"
+        )
+        conn.execute("select pgrag.refresh('person')")
+    try:
+        forget_vocabulary()
+        seen = {}
+        for url in (
+            reader.url,
+            psycopg.conninfo.make_conninfo(db_url, user=other, password=PASSWORD),
+        ):
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(sql.SQL("set role {}").format(sql.Identifier(reader_role[0])))
+                v = load_vocabulary(conn)
+                seen[url] = set(v.types["person"].keys["name"].values)
+        assert list(seen.values()) == [{"Alice Acmeworth"}, {"Bob Globexley"}]
+    finally:
+        forget_vocabulary()
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("drop owned by {} cascade").format(sql.Identifier(other)))
+            conn.execute(sql.SQL("drop role {}").format(sql.Identifier(other)))
