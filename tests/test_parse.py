@@ -425,3 +425,16 @@ def test_a_superlative_with_no_key_to_rank_by_adds_the_named_things_type() -> No
     assert p.rank_by is None
     assert p.doc_types == ("person", "room")
     assert p.filter == {"$or": [{"rooms": {"$contains": "Blue Room"}}, {"title": "Blue Room"}]}
+
+
+def test_review_cases_negated_lists_verbs_with_objects_and_accents(vocabulary: Vocabulary) -> None:
+    assert parse(vocabulary, "orders not in Books").filter == {
+        "$not": {"categories": {"$contains": "Books"}}
+    }
+    # "returned to John Smith": the verb has an object, it is not the has_returns flag
+    assert "has_returns" not in parse(vocabulary, "orders returned to John Smith").filter
+    cities = Vocabulary.from_schemas({"office": {"city": "text"}}, {"office": {"city": ["Århus"]}})
+    assert parse(cities, "offices in Arhus").filter == {"city": "Århus"}
+    assert parse(cities, "offices in ÅRHUS").filter == {"city": "Århus"}
+    assert parse(vocabulary, "orders in the last 3000 years").time_range is None
+    assert parse(vocabulary, "orders over " + "9" * 5000).filter == {}
