@@ -14,7 +14,6 @@ is then cached five minutes per role and tenant). Say the load average with the 
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -27,8 +26,8 @@ import psycopg
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))  # after PYTHONPATH: see below
 
+from bench.common import synthetic_store  # noqa: E402
 from pgrag.ask import ask  # noqa: E402
-from pgrag.connection import resolve_url  # noqa: E402
 from pgrag.embed.cache import QueryCache  # noqa: E402
 from pgrag.lab import synthetic  # noqa: E402
 from pgrag.search import search  # noqa: E402
@@ -56,14 +55,7 @@ def _p(values: list[float], q: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=100_000)
-    ap.add_argument("--queries", type=int, default=200)
-    ap.add_argument("--skip-load", action="store_true")
-    args = ap.parse_args()
-    url = resolve_url(os.environ.get("PGRAG_DATABASE_URL"))
-    if not args.skip_load:
-        synthetic.load(url, args.rows)
+    args, url = synthetic_store(__doc__)
     vecs, texts = synthetic.queries(args.queries)
     questions = [f"How many chunks about {t} are there in topic {i % 200}?" for i, t in
                  enumerate(texts)]  # fmt: skip

@@ -13,7 +13,6 @@ back. Say the load average with the figures (it is printed).
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -26,8 +25,8 @@ from psycopg.types.json import Jsonb
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import synthetic_store  # noqa: E402
 from bench.search_statement_bench import bound  # noqa: E402
-from pgrag.connection import resolve_url  # noqa: E402
 from pgrag.lab import synthetic  # noqa: E402
 from pgrag.search import VectorParam, _adapt_vector_param  # noqa: E402
 
@@ -62,14 +61,7 @@ def _run(conn: psycopg.Connection[Any], statement: str, params: dict[str, Any], 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=100_000)
-    ap.add_argument("--queries", type=int, default=200)
-    ap.add_argument("--skip-load", action="store_true")
-    args = ap.parse_args()
-    url = resolve_url(os.environ.get("PGRAG_DATABASE_URL"))
-    if not args.skip_load:
-        synthetic.load(url, args.rows)
+    args, url = synthetic_store(__doc__)
     qvecs, qtexts = synthetic.queries(args.queries)
     before = os.getloadavg()
     times: dict[tuple[str, str], list[float]] = {}

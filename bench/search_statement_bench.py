@@ -23,7 +23,6 @@ Both return the same rows (checked on every query). Say the load average with th
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -37,7 +36,7 @@ import psycopg.rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pgrag.connection import resolve_url  # noqa: E402
+from bench.common import synthetic_store  # noqa: E402
 from pgrag.lab import synthetic  # noqa: E402
 from pgrag.search import (  # noqa: E402
     SearchResult,
@@ -107,14 +106,7 @@ def _client(conn: psycopg.Connection[Any], plan: Any, where: str, text: str, q: 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=100_000)
-    ap.add_argument("--queries", type=int, default=200)
-    ap.add_argument("--skip-load", action="store_true")
-    args = ap.parse_args()
-    url = resolve_url(os.environ.get("PGRAG_DATABASE_URL"))
-    if not args.skip_load:
-        synthetic.load(url, args.rows)
+    args, url = synthetic_store(__doc__)
     qvecs, qtexts = synthetic.queries(args.queries)
     load_before = os.getloadavg()
     print(f"## The search statement: SQL function vs client-sent, {args.rows:,} chunks\n")

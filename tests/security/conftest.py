@@ -123,6 +123,12 @@ def reader(db_url: str) -> Iterator[Reader]:
     """A real reader: a login role in the reader role, bound to a tenant, as an application
     that only searches would connect."""
     role = f"pgrag_t_reader_{uuid.uuid4().hex[:8]}"
+    yield make_reader(db_url, role, "acme")
+    drop_role(db_url, role)
+
+
+def make_reader(db_url: str, role: str, tenant: str) -> Reader:
+    """A login role in the reader role, bound to ``tenant``."""
     with psycopg.connect(db_url, autocommit=True) as conn:
         row = conn.execute("select reader_role from pgrag.settings").fetchone()
         assert row is not None
@@ -131,8 +137,11 @@ def reader(db_url: str) -> Iterator[Reader]:
                 sql.Identifier(role), sql.Literal(PASSWORD), sql.Identifier(row[0])
             )
         )
-        conn.execute("select pgrag.bind_tenant_role(%s, 'acme')", (role,))
-    yield Reader(psycopg.conninfo.make_conninfo(db_url, user=role, password=PASSWORD), role)
+        conn.execute("select pgrag.bind_tenant_role(%s, %s)", (role, tenant))
+    return Reader(psycopg.conninfo.make_conninfo(db_url, user=role, password=PASSWORD), role)
+
+
+def drop_role(db_url: str, role: str) -> None:
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute(sql.SQL("drop owned by {} cascade").format(sql.Identifier(role)))
         conn.execute(sql.SQL("drop role {}").format(sql.Identifier(role)))

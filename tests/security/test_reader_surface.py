@@ -95,18 +95,12 @@ def test_two_tenants_reading_as_one_role_get_their_own_vocabulary(
     from psycopg import sql
 
     from pgrag.vocabulary import forget_vocabulary, load_vocabulary
-    from tests.security.conftest import PASSWORD
+    from tests.security.conftest import drop_role, make_reader
 
-    other = f"{reader.role}_globex"
+    globex = make_reader(db_url, f"{reader.role}_globex", "globex")
     with psycopg.connect(db_url, autocommit=True) as conn:
         reader_role = conn.execute("select reader_role from pgrag.settings").fetchone()
         assert reader_role is not None
-        conn.execute(
-            sql.SQL("create role {} login password {} in role {}").format(
-                sql.Identifier(other), sql.Literal(PASSWORD), sql.Identifier(reader_role[0])
-            )
-        )
-        conn.execute("select pgrag.bind_tenant_role(%s, 'globex')", (other,))
         conn.execute(
             "create table public.people (id integer primary key, tenant text, name text);"
             "insert into public.people values (1, 'acme', 'Alice Acmeworth'), "
@@ -123,10 +117,7 @@ def test_two_tenants_reading_as_one_role_get_their_own_vocabulary(
     try:
         forget_vocabulary()
         seen = {}
-        for url in (
-            reader.url,
-            psycopg.conninfo.make_conninfo(db_url, user=other, password=PASSWORD),
-        ):
+        for url in (reader.url, globex.url):
             with psycopg.connect(url, autocommit=True) as conn:
                 conn.execute(sql.SQL("set role {}").format(sql.Identifier(reader_role[0])))
                 v = load_vocabulary(conn)
@@ -134,6 +125,4 @@ def test_two_tenants_reading_as_one_role_get_their_own_vocabulary(
         assert list(seen.values()) == [{"Alice Acmeworth"}, {"Bob Globexley"}]
     finally:
         forget_vocabulary()
-        with psycopg.connect(db_url, autocommit=True) as conn:
-            conn.execute(sql.SQL("drop owned by {} cascade").format(sql.Identifier(other)))
-            conn.execute(sql.SQL("drop role {}").format(sql.Identifier(other)))
+        drop_role(db_url, globex.role)
