@@ -54,7 +54,7 @@ def filter_param(filter: Mapping[str, Any] | None) -> Jsonb | None:
     if not isinstance(filter, Mapping):
         raise InvalidFilter(
             f"the filter must be an object, not {_json_type(filter)} ({_show(filter)}): "
-            'write e.g. {"segment": "VIP"}'
+            'write e.g. {"status": "open"}'
         )
     check_shape(filter)
     return Jsonb(filter, dumps=_dumps)
@@ -144,7 +144,7 @@ def parse_filter_json(text: str) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise InvalidFilter(
             f"filter is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}): "
-            """write a JSON object, e.g. '{"segment": "VIP", "total": {"$gt": 100}}'"""
+            """write a JSON object, e.g. '{"status": "open", "total": {"$gt": 100}}'"""
         ) from None
     except RecursionError:
         raise InvalidFilter(
@@ -153,7 +153,7 @@ def parse_filter_json(text: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InvalidFilter(
             f"filter must be a JSON object, not {_json_type(value)}: "
-            """write e.g. '{"segment": "VIP"}'"""
+            """write e.g. '{"status": "open"}'"""
         )
     return value
 

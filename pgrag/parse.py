@@ -747,21 +747,9 @@ def parse_question(
     elif ors:
         flt["$and"] = ors
 
-    if rank is not None:
-        schema = {k: v for t in doc_types for k, v in vocabulary.schemas()[t].items()}
-        if rank.key not in schema:
-            notes.append(
-                f"{rank.phrase!r}: {'/'.join(doc_types)} has no key {rank.key}, "
-                "ranked by similarity"
-            )
-            rank = None
-        else:
-            matched.append(
-                Matched(
-                    rank.phrase,
-                    f"ranked by {rank.key} {'descending' if rank.descending else 'ascending'}",
-                )
-            )
+    if rank is not None:  # (a key no chosen type has was dropped when the types were chosen)
+        order = "descending" if rank.descending else "ascending"
+        matched.append(Matched(rank.phrase, f"ranked by {rank.key} {order}"))
     needs_stats = aggregate is not None and (rank is None or aggregate not in ("max", "min"))
     if needs_stats:
         matched.append(Matched(aggregate or "", "needs exact numbers"))

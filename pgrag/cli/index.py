@@ -45,7 +45,7 @@ def add(
 ) -> None:
     """Build the index of FILTER (JSON, the search filter language), e.g.
 
-        pgrag filter-index add '{"segment": "VIP"}'
+        pgrag filter-index add '{"status": "open"}'
 
     The build runs CREATE INDEX CONCURRENTLY (writes go on) with the store index's m and
     ef_construction. It does nothing if a valid index of FILTER exists; a failed or cancelled

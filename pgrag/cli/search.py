@@ -32,7 +32,7 @@ def _common(f: F) -> F:
             "--filter",
             "filter_json",
             metavar="JSON",
-            help='Metadata filter, e.g. \'{"segment": "VIP", "total": {"$gt": 100}}\' '
+            help='Metadata filter, e.g. \'{"status": "open", "total": {"$gt": 100}}\' '
             "(docs/filters-and-answers.md).",
         ),
         click.option(
