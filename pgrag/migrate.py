@@ -181,6 +181,39 @@ def upgrade(
         command.upgrade(_alembic_config(options), revision)
 
 
+def upgrade_sql(
+    revision: str = "head",
+    *,
+    start: str | None = None,
+    dimension: int | None = None,
+    hnsw_m: int | None = None,
+    hnsw_ef_construction: int | None = None,
+    reader_role: str | None = None,
+    writer_role: str | None = None,
+) -> str:
+    """The upgrade from ``start`` (default: an empty database) to ``revision`` as one SQL
+    script, without connecting (``alembic upgrade [START:]REVISION --sql``): a DBA reviews it,
+    then runs it with ``psql -v ON_ERROR_STOP=1 -f``. It does what :func:`upgrade` does in its
+    transaction, but checks nothing beforehand (a wrong dimension or role name fails as the
+    script runs, and the transaction rolls back)."""
+    from alembic import command
+
+    options = MigrationOptions(
+        "",
+        config.embedding_dim(dimension),
+        hnsw_m,
+        hnsw_ef_construction,
+        config.role_name("reader", reader_role),
+        config.role_name("writer", writer_role),
+    )
+    cfg = _alembic_config(options)
+    buffer = io.StringIO()
+    cfg.output_buffer = buffer
+    with _ALEMBIC_LOCK, _alembic_errors():
+        command.upgrade(cfg, revision if start is None else f"{start}:{revision}", sql=True)
+    return buffer.getvalue()
+
+
 def downgrade(url: str, revision: str, *, drop_data: bool = False) -> None:
     """Migrate the database at ``url`` down to ``revision`` ("base" removes pgrag entirely).
 
@@ -246,15 +279,7 @@ def check_head(at: str | None) -> None:
 def preflight(url: str, options: MigrationOptions) -> None:
     """Checks that must fail before alembic starts: reachable, pgvector, same dimension."""
     with connect_once(url) as conn:
-        has_vector = conn.execute(
-            "select exists (select 1 from pg_available_extensions where name = 'vector')"
-        ).fetchone()
-        if not has_vector or not has_vector[0]:
-            raise MissingExtension(
-                "the server has no pgvector extension: install pgvector on it "
-                "(https://github.com/pgvector/pgvector#installation), use the "
-                "pgvector/pgvector:pg17 image, or unset PGRAG_DATABASE_URL for the embedded server"
-            )
+        _check_vector(conn)
         migrated = conn.execute("select to_regclass('pgrag.settings') is not null").fetchone()
         if not migrated or not migrated[0]:
             return
@@ -268,6 +293,34 @@ def preflight(url: str, options: MigrationOptions) -> None:
                 f"not {options.dimension}: drop --dimension / PGRAG_EMBEDDING_DIM, "
                 f"or migrate a fresh database for the new dimension"
             )
+
+
+def _check_vector(conn: psycopg.Connection[Any]) -> None:
+    """pgvector must be installed on the server, and created in the database or creatable by
+    this role (a superuser, or CREATE on the database when the extension is trusted)."""
+    row = conn.execute(
+        "select exists (select 1 from pg_available_extensions where name = 'vector'),"
+        " exists (select 1 from pg_extension where extname = 'vector'),"
+        " (select rolsuper from pg_roles where rolname = current_user)"
+        "  or (coalesce((select bool_or(trusted) from pg_available_extension_versions"
+        "                where name = 'vector'), false)"
+        "      and has_database_privilege(current_database(), 'CREATE')),"
+        " current_database(), current_user"
+    ).fetchone()
+    assert row is not None
+    available, created, may_create, database, user = row
+    if not available:
+        raise MissingExtension(
+            "the server has no pgvector extension: install pgvector on it "
+            "(https://github.com/pgvector/pgvector#installation), use the "
+            "pgvector/pgvector:pg17 image, or unset PGRAG_DATABASE_URL for the embedded server"
+        )
+    if not created and not may_create:
+        raise MissingExtension(
+            f"extension vector is not created in database {database} and {user} may not "
+            f"create it: ask an administrator to run `create extension vector` in {database}, "
+            f"then migrate again"
+        )
 
 
 def _check_roles(conn: psycopg.Connection[Any], options: MigrationOptions) -> None:
@@ -307,16 +360,36 @@ def session_settings(options: MigrationOptions) -> dict[str, str]:
 
 
 def run_env(context: Any) -> None:
-    """The body of alembic/env.py, for pgrag's CLI and for plain ``alembic``."""
+    """The body of alembic/env.py, for pgrag's CLI and for plain ``alembic``.
+
+    Plain alembic (no options from pgrag's CLI) gets pgrag's one-line errors and exit codes
+    instead of a traceback that quotes the whole SQL file."""
+    options: MigrationOptions | None = context.config.attributes.get("pgrag_options")
+    if options is not None:
+        _run(context, options)
+        return
+    import sys
+
+    try:
+        with _alembic_errors():
+            offline = context.is_offline_mode()
+            options = _options_from_alembic_cli(context, resolve=not offline)
+            if offline:
+                _run_offline(context, options)
+                return
+            preflight(options.url, options)
+            _run(context, options)
+    except PgragError as exc:
+        print(f"pgrag: error: {exc}", file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
+
+
+def _run(context: Any, options: MigrationOptions) -> None:
     from sqlalchemy import create_engine, pool
 
-    cfg = context.config
-    options: MigrationOptions | None = cfg.attributes.get("pgrag_options")
-    if options is None:  # plain `alembic` with alembic.ini: URL and options from -x / env
-        options = _options_from_alembic_cli(context)
-        preflight(options.url, options)
     if context.is_offline_mode():
-        raise ConfigError("pgrag migrations run online only: drop --sql")
+        _run_offline(context, options)
+        return
     # Any libpq URL or key=value string: psycopg connects, SQLAlchemy only drives alembic.
     target = options.url
     engine = create_engine(
@@ -328,6 +401,7 @@ def run_env(context: Any) -> None:
         context.configure(
             connection=connection,
             version_table=VERSION_TABLE,
+            version_table_schema="public",
             transactional_ddl=True,
             transaction_per_migration=False,
         )
@@ -341,16 +415,90 @@ def run_env(context: Any) -> None:
                     {"name": name, "value": value},
                 )
             context.run_migrations()
-            if context.get_context().get_current_revision() == head():
+            at = context.get_context().get_current_revision()
+            if at == head():
                 apply_idempotent(connection)
+            elif at is None:  # base: nothing of pgrag stays, not even its version table
+                connection.exec_driver_sql(
+                    f"drop table if exists public.{VERSION_TABLE}"  # a constant, no input
+                )
     engine.dispose()
 
 
-def _options_from_alembic_cli(context: Any) -> MigrationOptions:
+def _run_offline(context: Any, options: MigrationOptions) -> None:
+    """``alembic upgrade [FROM:]TO --sql`` (and ``pgrag db upgrade --sql``): the migration as
+    one SQL script for a DBA to review and run (``psql -1 -v ON_ERROR_STOP=1 -f``). Downgrades
+    run online only: each step first checks that it drops no table holding rows."""
+    context.configure(
+        url="postgresql+psycopg://",
+        version_table=VERSION_TABLE,
+        version_table_schema="public",
+        transactional_ddl=True,
+        transaction_per_migration=False,
+        literal_binds=True,
+    )
+    if _is_downgrade(context):  # before any output: no partial script
+        raise ConfigError(
+            "pgrag downgrades run online only (each step first checks it drops no table "
+            "holding rows): drop --sql, and run the downgrade on a copy to review it"
+        )
+    with context.begin_transaction():
+        out = context.get_context().impl.static_output
+        out(_literal_sql("select pg_advisory_xact_lock({});", MIGRATION_LOCK_KEY))
+        for name, value in session_settings(options).items():
+            out(_literal_sql("select set_config({}, {}, true);", name, value))
+        context.run_migrations()
+        if _destination(context) == head():
+            out(_sql_file_text(sql_dir() / "migrate" / "before_idempotent.sql"))
+            for path in idempotent_files():
+                out(_sql_file_text(path))
+            out(_sql_file_text(sql_dir() / "migrate" / "after_idempotent.sql"))
+
+
+def _literal_sql(template: str, *values: object) -> str:
+    query = sql.SQL(template).format(*(sql.Literal(v) for v in values))
+    return query.as_string(None)
+
+
+def _sql_file_text(path: Path) -> str:
+    return f"-- {path.parent.name}/{path.name}\n" + path.read_text(encoding="utf-8").rstrip()
+
+
+def _destination(context: Any) -> str | None:
+    """The revision an offline run ends at, resolved ("head" -> its id; base -> None)."""
+    return _resolve(context, context.get_context().opts.get("destination_rev"))
+
+
+def _is_downgrade(context: Any) -> bool:
+    """Whether an offline run goes down (``alembic downgrade FROM:TO --sql``)."""
+    start = context.get_context().opts.get("starting_rev")
+    if start is None:
+        return False
+    order = [None] + [str(r.revision) for r in reversed(list(_script(context).walk_revisions()))]
+    end = _destination(context)
+    return order.index(end) < order.index(_resolve(context, start))
+
+
+def _script(context: Any) -> Any:
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(context.config)
+
+
+def _resolve(context: Any, revision: str | None) -> str | None:
+    if revision is None:
+        return None
+    resolved = _script(context).get_revision(revision)
+    return None if resolved is None else str(resolved.revision)
+
+
+def _options_from_alembic_cli(context: Any, *, resolve: bool = True) -> MigrationOptions:
+    """Options of plain alembic (``-x key=value``, else the environment). ``resolve``: find
+    the server now (an offline run needs none)."""
     x = context.get_x_argument(as_dictionary=True)
     url = x.get("url") or context.config.get_main_option("sqlalchemy.url") or None
     if url is None:
-        url = resolve_url(None)
+        url = resolve_url(None) if resolve else ""
 
     def _int(key: str) -> int | None:
         raw = x.get(key)
@@ -377,6 +525,10 @@ def revision_upgrade(incremental: str) -> None:
     idempotent files are applied once, after the last revision (``run_env``)."""
     from alembic import op
 
+    migration = op.get_context()
+    if migration.as_sql:  # offline (--sql): the file goes into the script
+        migration.impl.static_output(_sql_file_text(sql_dir() / "incremental" / incremental))
+        return
     apply_incremental(op.get_bind(), incremental)
 
 
