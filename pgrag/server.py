@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import logging
 import os
 import subprocess
 import tempfile
@@ -27,6 +28,8 @@ from psycopg import conninfo, sql
 from pgrag import config
 from pgrag.errors import ServerError
 
+_log = logging.getLogger(__name__)
+
 PG_MAJOR = "18"
 DATABASE = "pgrag"
 SUPERUSER = "postgres"
@@ -37,8 +40,10 @@ _MAX_SOCKET_DIR = 90
 
 # Appended to postgresql.conf at initdb. HNSW searches want the index in shared_buffers (a
 # search served from the OS page cache copies every page it visits, several times slower at
-# 1,000,000 chunks), so shared_buffers is a quarter of the machine's memory (the usual advice),
-# 128MB to 8GB; HNSW builds want maintenance_work_mem, bulk loads want max_wal_size.
+# 1,000,000 chunks), so shared_buffers follows the HNSW indexes: it starts at PostgreSQL's 128MB
+# and each start grows it to hold them (``wanted_shared_buffers_mb``), up to a quarter of the
+# machine's memory and 8GB. effective_cache_size is only a planner hint (half of memory); HNSW
+# builds want maintenance_work_mem, bulk loads want max_wal_size.
 _SERVER_CONF = """
 # --- pgrag embedded server ---
 listen_addresses = ''
@@ -59,7 +64,14 @@ _HUGE_PAGES = (
     "current_setting('shared_memory_size_in_huge_pages', true)::integer, "
     "current_setting('huge_pages')"
 )
-_HUGE_PAGES_FROM_MB = 1024  # below, the index pages a search touches fit the TLB's reach
+# Below this much HNSW index, the pages a search touches fit the TLB's reach: no hint.
+_HUGE_PAGES_FROM_INDEX_MB = 1024
+# The HNSW indexes of every database (each reached over its own connection), in MB.
+_HNSW_MB = (
+    "select coalesce(sum(pg_relation_size(c.oid)), 0) / 1048576.0 from pg_class c"
+    " join pg_am a on a.oid = c.relam where a.amname = 'hnsw'"
+)
+_MIN_SHARED_BUFFERS_MB = 128
 
 
 # A container's memory limit (cgroup v2, then v1): physical memory says the host's.
@@ -87,8 +99,20 @@ def memory_mb(cgroup_limits: tuple[Path, ...] = _CGROUP_LIMITS) -> int:
 
 
 def shared_buffers_mb(memory: int) -> int:
-    """A quarter of memory, at least 128MB and at most 8GB."""
-    return max(128, min(memory // 4, 8192))
+    """The most shared_buffers pgrag gives the embedded server: a quarter of memory, at least
+    128MB and at most 8GB."""
+    return max(_MIN_SHARED_BUFFERS_MB, min(memory // 4, 8192))
+
+
+def wanted_shared_buffers_mb(index_mb: float, memory: int) -> int:
+    """shared_buffers for ``index_mb`` of HNSW index: the index and a quarter more (the heap
+    rows a search reads, the rest of the database), rounded up to a power of two so it grows
+    in few steps; 128MB at least, ``shared_buffers_mb(memory)`` at most."""
+    need = int(index_mb * 1.25) + 64
+    size = _MIN_SHARED_BUFFERS_MB
+    while size < need:
+        size *= 2
+    return min(size, shared_buffers_mb(memory))
 
 
 @dataclass(frozen=True)
@@ -117,6 +141,13 @@ def socket_dir(data_dir: Path) -> Path:
         return data_dir
     digest = hashlib.sha256(str(data_dir).encode()).hexdigest()[:12]
     return Path(tempfile.gettempdir()) / f"pgrag-{digest}"
+
+
+def with_database(url: str, database: str) -> str:
+    """``url`` pointing at another database of the same server."""
+    parts = conninfo.conninfo_to_dict(url)
+    parts["dbname"] = database
+    return conninfo.make_conninfo(**parts)  # type: ignore[arg-type]
 
 
 def url_for(sock: Path, database: str = DATABASE) -> str:
@@ -175,22 +206,90 @@ class EmbeddedServer:
                 self._check_data_dir()
                 if not (self.data_dir / "PG_VERSION").is_file():
                     self._initdb()
-                self._pg_ctl_start()
-                url = self.running_url()
-                if url is None:
-                    raise ServerError(
-                        f"PostgreSQL started but {self.data_dir}/postmaster.pid is not ready: "
-                        f"see {self.log_file}"
-                    )
+                url = self._start_and_size()
             self._ensure_database(url)
             return url
+
+    def _start_and_size(self) -> str:
+        """Start the server; if its HNSW indexes outgrew shared_buffers, grow shared_buffers
+        (ALTER SYSTEM) and restart at once, before anyone else connects, saying so in one line."""
+        url = self._pg_ctl_start_ready()
+        admin = with_database(url, "postgres")  # pgrag's database may not exist yet
+        index_mb, current_mb = self.hnsw_index_mb(admin), self._shared_buffers_mb(admin)
+        wanted = wanted_shared_buffers_mb(index_mb, memory_mb())
+        if wanted <= current_mb:
+            return url
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(
+                sql.SQL("alter system set shared_buffers = {}").format(sql.Literal(f"{wanted}MB"))
+            )
+        self._run(["pg_ctl", "-D", str(self.data_dir), "-w", "-m", "fast", "stop"])
+        url = self._pg_ctl_start_ready()
+        _log.warning(
+            "pgrag: shared_buffers grown from %sMB to %sMB to hold the HNSW indexes (%s MB): "
+            "searches read them from memory",
+            current_mb,
+            wanted,
+            f"{index_mb:,.0f}",
+        )
+        return url
+
+    def _pg_ctl_start_ready(self) -> str:
+        self._pg_ctl_start()
+        url = self.running_url()
+        if url is None:
+            raise ServerError(
+                f"PostgreSQL started but {self.data_dir}/postmaster.pid is not ready: "
+                f"see {self.log_file}"
+            )
+        return url
+
+    def hnsw_index_mb(self, url: str) -> float:
+        """The size of the HNSW indexes of every database of the running server, in MB."""
+        total = 0.0
+        with psycopg.connect(with_database(url, "postgres"), autocommit=True) as conn:
+            names = [
+                str(r[0])
+                for r in conn.execute(
+                    "select datname from pg_database where datallowconn and not datistemplate"
+                )
+            ]
+        for name in names:
+            try:
+                with psycopg.connect(with_database(url, name), autocommit=True) as conn:
+                    row = conn.execute(_HNSW_MB).fetchone()
+            except psycopg.Error:  # dropped meanwhile, or closed to connections
+                continue
+            total += float(row[0]) if row else 0.0
+        return total
+
+    @staticmethod
+    def _shared_buffers_mb(url: str) -> int:
+        with psycopg.connect(url, autocommit=True) as conn:
+            row = conn.execute(
+                "select pg_size_bytes(current_setting('shared_buffers')) / 1048576"
+            ).fetchone()
+        return int(row[0]) if row else _MIN_SHARED_BUFFERS_MB
+
+    def memory_hint(self, url: str) -> str | None:
+        """A hint when the running server's HNSW indexes outgrew its shared_buffers (they grew
+        since it started): the next start grows it. None when they fit, or at the ceiling."""
+        index_mb, current_mb = self.hnsw_index_mb(url), self._shared_buffers_mb(url)
+        wanted = wanted_shared_buffers_mb(index_mb, memory_mb())
+        if wanted <= current_mb:
+            return None
+        return (
+            f"the HNSW indexes ({index_mb:,.0f} MB) outgrew shared_buffers ({current_mb}MB): "
+            f"`pgrag server stop` then `pgrag server start` grows it to {wanted}MB"
+        )
 
     def ensure(self) -> str:
         """The URL of a running server with the pgrag database, starting it if needed."""
         return self.running_url() or self.start()
 
     def huge_pages_hint(self, url: str) -> str | None:
-        """A hint when shared_buffers is large and the server runs without huge pages, or None.
+        """A hint when the HNSW indexes are large (a gigabyte) and the server runs without huge
+        pages, or None.
 
         With shared_buffers in 4 kB pages, every HNSW hop into a large index misses the TLB:
         measured at 1,000,000 chunks (a 2 GB index, 6 GB shared_buffers), huge pages made the
@@ -204,7 +303,7 @@ class EmbeddedServer:
         # (shared_memory_size_in_huge_pages -1, e.g. macOS)
         if row is None or row[0] != "off" or row[3] == "off" or not row[2] or row[2] < 1:
             return None
-        if row[1] < _HUGE_PAGES_FROM_MB:
+        if self.hnsw_index_mb(url) < _HUGE_PAGES_FROM_INDEX_MB:
             return None
         return (
             "huge pages are off: HNSW search over a large index was 15-30% faster with them "
@@ -301,7 +400,7 @@ class EmbeddedServer:
             conf.write(
                 _SERVER_CONF.format(
                     socket_dir=str(sock).replace("'", "''"),
-                    shared_buffers_mb=shared_buffers_mb(memory),
+                    shared_buffers_mb=_MIN_SHARED_BUFFERS_MB,
                     effective_cache_mb=max(512, memory // 2),
                 )
             )

@@ -27,3 +27,14 @@ def test_compose_file_has_a_healthchecked_pgvector_db() -> None:
     compose = (REPO / "docker-compose.yml").read_text()
     assert "image: pgvector/pgvector:pg17" in compose
     assert "healthcheck:" in compose and "pgrag-data:" in compose
+
+
+def test_compose_file_gives_hnsw_builds_shared_memory_and_buffers() -> None:
+    compose = (REPO / "docker-compose.yml").read_text()
+    mb = {"m": 1, "g": 1024}
+    shm = re.search(r"^\s*shm_size:\s*(\d+)([mg])b?\s*$", compose, re.M | re.I)
+    work = re.search(r"maintenance_work_mem=(\d+)([MG])B", compose)
+    assert shm and work, "docker-compose.yml sets shm_size and maintenance_work_mem"
+    # Docker's default 64 MB /dev/shm breaks parallel HNSW builds (pgvector issue 453)
+    assert int(shm[1]) * mb[shm[2].lower()] > int(work[1]) * mb[work[2].lower()]
+    assert "shared_buffers=1GB" in compose
