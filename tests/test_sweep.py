@@ -46,6 +46,33 @@ def test_sweep_reports_every_configuration_and_writes_markdown_and_plot(
     md = sweep.markdown([rep], "pgrag bench search --rows 3000")
     assert "| 10% | pgvector | 40 | yes |" in md and "| 10% | pgrag | pgrag | yes |" in md
     assert "prewarmed into shared_buffers" in rep.memory and rep.memory in md
+    # the ratio to the fastest bare configuration that reaches pgrag's recall, per filter
+    compared = {c.selectivity: c for c in sweep.compare_at_recall(rep.results)}
+    assert set(compared) == set(synthetic.SELECTIVITIES)
+    for c in compared.values():
+        mine = next(r for r in ours if r.selectivity == c.selectivity)
+        if c.bare_p95 is not None:
+            rival = [r for r in bare if r.selectivity == c.selectivity and r.p95_ms == c.bare_p95]
+            assert rival and max(r.recall for r in rival) >= mine.recall - 0.005
+            assert c.ratio == round(mine.p95_ms / c.bare_p95, 2)
+            assert f"| {c.ratio:.2f}x |" in md
+
+
+def test_compare_at_recall_picks_the_fastest_bare_row_at_that_recall() -> None:
+    def row(engine: str, ef: int | None, it: bool, recall: float, p95: float) -> sweep.Row:
+        return sweep.Row(engine, "10%", ef, it, 10, 10, recall, p95 / 2, p95, p95 * 2)
+
+    rows = [
+        row("pgvector", 20, True, 0.90, 2.0),  # fast, but short of pgrag's recall
+        row("pgvector", 100, False, 0.995, 5.0),
+        row("pgvector", 100, True, 0.999, 4.0),  # the fastest at that recall
+        row("pgvector", 200, True, 1.0, 8.0),
+        row("pgrag", None, True, 0.996, 6.0),
+    ]
+    (c,) = sweep.compare_at_recall(rows)
+    assert (c.bare, c.bare_p95, c.ratio) == ("ef 100, iterative", 4.0, 1.5)
+    (none,) = sweep.compare_at_recall([row("pgvector", 20, True, 0.5, 1.0), rows[-1]])
+    assert none.bare_p95 is None and none.ratio is None
 
 
 def test_stage_breakdown_times_embed_search_and_rerank(db_url: str) -> None:
