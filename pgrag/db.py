@@ -76,6 +76,9 @@ class StoreStatus:
     render_oldest: timedelta | None = None
     render_lag: dict[str, float] | None = None  # documents, p50_ms, p95_ms, max_ms (15 min)
     render_errors: int | None = None
+    # the last recall measurement (pgrag.tuning): ef_search, recall, target, k, chunks,
+    # best_ef_search, model, measured_at, tuned_by; None before any, or for a reader
+    tuning: dict[str, Any] | None = None
 
 
 class Client:

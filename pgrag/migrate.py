@@ -551,6 +551,7 @@ _NOT_DATA = {
     ("pgrag", "stats_cache"),
     ("pgrag", "stats_changes"),
     ("pgrag", "stats_cache_horizon"),
+    ("pgrag", "tuning"),  # measurements, taken again by the worker or `pgrag tune`
 }
 # `drop table [if exists] a.x[, b.y ...]`: every name in the list, schema-qualified (pgrag's
 # downgrade files always qualify; test_migrations checks each drop statement is read whole).

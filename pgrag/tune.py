@@ -8,10 +8,14 @@ otherwise chunk vectors, which then do not count themselves), computes the exact
 index disabled, walks a ladder of ef_search values through the index (with the iterative scan
 pgrag searches with) and picks the smallest value whose mean recall reaches the target.
 
-The choice is stored as a database default, ``ALTER DATABASE ... SET pgrag.ef_search = N``;
-every search that does not pass ``ef_search`` itself uses ``max(N, 2 x candidates)``
-(``pgrag/search.py`` and ``pgrag._run_search``). New sessions see it; pooled connections opened
-before keep the previous value until they reconnect.
+The choice is the store's: ``pgrag.settings.ef_search``, and each measurement is a row of
+``pgrag.tuning`` (``pgrag status`` shows the last). Every search that does not pass
+``ef_search`` itself uses ``max(N, 2 x candidates)`` (``pgrag._search_plan``), at once, in every
+session. An administrator's ``ALTER DATABASE / ROLE ... SET pgrag.ef_search = N`` overrides it.
+
+Out of the box: the worker (and ``pgrag embed``) tunes after it embedded, when the store has
+1,000 vectors or more and grew or shrank twofold since the last measurement, or its model changed
+(``maybe_tune``): a store built and searched with defaults answers at the target recall.
 """
 
 from __future__ import annotations
@@ -35,6 +39,12 @@ _FINE = tuple(range(40, 160, 10))  # 40, 50, ... 150
 LADDER: tuple[int, ...] = (*_FINE, 170, 190, 210, 240, 270, 300, 350, 400, 500, 600, 800, 1000)
 SETTING = "pgrag.ef_search"
 MIN_QUESTIONS = 20
+# The worker tunes a store of this many vectors or more (smaller graphs reach the target at
+# the search's floor), again when it doubles or halves, or when the model changes.
+AUTO_MIN_CHUNKS = 1_000
+AUTO_FACTOR = 2.0
+# pg_try_advisory_lock key: one tuning at a time per database (several workers may finish).
+TUNE_LOCK_KEY = 7_061_727_261_671
 
 _QUESTIONS: LiteralString = (
     "select q.embedding::real[] from pgrag.query_cache q, pgrag.settings s "
@@ -87,10 +97,17 @@ class TuneResult:
 
 
 def current_setting(conn: psycopg.Connection[Any]) -> int | None:
-    """The stored ``pgrag.ef_search`` this session sees, or None."""
-    row = conn.execute("select current_setting('pgrag.ef_search', true)").fetchone()
-    value = row[0] if row else None
-    return int(value) if value and str(value).isdigit() else None
+    """The tuned ef_search this session's searches use (an administrator's pgrag.ef_search
+    setting, else the store's), or None."""
+    row = conn.execute(
+        "select current_setting('pgrag.ef_search', true), (select ef_search from pgrag.settings)"
+    ).fetchone()
+    if row is None:
+        return None
+    value = row[0]
+    if value and str(value).isdigit() and len(str(value)) <= 4:
+        return int(value)
+    return int(row[1]) if row[1] is not None else None
 
 
 def _query_vectors(
@@ -129,9 +146,11 @@ def tune(
     apply: bool = True,
     seed: int = 1,
     progress: Callable[[str, int, int], None] | None = None,
+    tuned_by: str = "pgrag tune",
 ) -> TuneResult:
-    """Measure recall@k against exact search along ``ladder``; store the smallest ef_search
-    reaching ``target`` as the database default (unless ``apply`` is False)."""
+    """Measure recall@k against exact search along ``ladder``; unless ``apply`` is False,
+    record the measurement (``pgrag.tuning``) and make the smallest ef_search reaching
+    ``target`` the store's (``pgrag.settings.ef_search``)."""
     if not 1 <= k <= 1000:
         raise ConfigError(f"k = {k} is out of range: use 1 to 1,000")
     if not 0 < target <= 1:
@@ -187,11 +206,7 @@ def tune(
         if point.recall >= target:
             chosen = ef
             break
-    applied = False
-    if apply and chosen is not None:
-        store(conn, chosen)
-        applied = True
-    return TuneResult(
+    result = TuneResult(
         chunks=chunks,
         queries=len(vecs),
         source=source,
@@ -199,30 +214,103 @@ def tune(
         target=target,
         points=tuple(points),
         chosen=chosen,
-        applied=applied,
+        applied=apply and chosen is not None,
         previous=previous,
     )
+    if apply:
+        _record(conn, result, tuned_by)
+    return result
+
+
+def _record(conn: psycopg.Connection[Any], result: TuneResult, tuned_by: str) -> None:
+    """The measurement into pgrag.tuning and, when a value reached the target, the store's
+    ef_search, in one transaction."""
+    best = max(result.points, key=lambda p: (p.recall, -p.ef_search))
+    reached = next((p for p in result.points if p.ef_search == result.chosen), None)
+    with conn.transaction():
+        conn.execute(
+            "insert into pgrag.tuning (model, chunks, k, target, ef_search, recall, "
+            "best_ef_search, queries, source, tuned_by) "
+            "select s.embedding_model, %(chunks)s, %(k)s, %(target)s, %(ef)s, %(recall)s, "
+            "%(best)s, %(queries)s, %(source)s, %(by)s from pgrag.settings s",
+            {
+                "chunks": result.chunks,
+                "k": result.k,
+                "target": result.target,
+                "ef": result.chosen,
+                "recall": round((reached or best).recall, 4),
+                "best": best.ef_search,
+                "queries": result.queries,
+                "source": result.source,
+                "by": tuned_by,
+            },
+        )
+        if result.chosen is not None:
+            conn.execute("update pgrag.settings set ef_search = %s", (result.chosen,))
+
+
+def maybe_tune(
+    conn: psycopg.Connection[Any], *, min_chunks: int = AUTO_MIN_CHUNKS
+) -> TuneResult | None:
+    """Tune (as the worker) when the store has ``min_chunks`` vectors or more and none was
+    measured yet, or it grew or shrank ``AUTO_FACTOR``-fold since, or its model changed; None
+    when nothing needed it (or another session is tuning). Cheap when nothing is due: two
+    index counts and the last measurement."""
+    # every chunk (an index-only count) less those waiting for a vector (a partial index):
+    # a few ms at 1,000,000 chunks, where counting the vectors themselves reads the heap
+    with conn.transaction():
+        row = conn.execute(
+            "select (select count(*) from pgrag.chunks)"
+            " - (select count(*) from pgrag.chunks where embedding is null),"
+            " s.embedding_model, t.chunks, t.model "
+            "from pgrag.settings s "
+            "left join lateral (select chunks, model from pgrag.tuning "
+            "                   order by id desc limit 1) t on true"
+        ).fetchone()
+    if row is None:
+        return None
+    n, model, last_chunks, last_model = int(row[0]), row[1], row[2], row[3]
+    if n < min_chunks:
+        return None
+    if (
+        last_chunks is not None
+        and last_model == model
+        and last_chunks / AUTO_FACTOR < n < last_chunks * AUTO_FACTOR
+    ):
+        return None  # measured for this model, at a size within the factor
+    got = conn.execute("select pg_try_advisory_lock(%s)", (TUNE_LOCK_KEY,)).fetchone()
+    if not got or not got[0]:
+        return None
+    try:
+        return tune(conn, tuned_by="worker")
+    finally:
+        conn.execute("select pg_advisory_unlock(%s)", (TUNE_LOCK_KEY,))
 
 
 def store(conn: psycopg.Connection[Any], ef_search: int | None) -> None:
-    """Make ``ef_search`` the database's default for pgrag searches (None: remove it)."""
+    """Make ``ef_search`` the store's value for pgrag searches (None: remove it, and a database
+    default ``pgrag.ef_search`` an earlier release's tune stored, when this role owns the
+    database)."""
     if ef_search is not None and not 1 <= ef_search <= 1000:
         raise ConfigError(f"ef_search = {ef_search} is out of range: use 1 to 1,000")
     try:
         with conn.transaction():
-            row = conn.execute("select current_database()").fetchone()
-            assert row is not None
-            db = sql.Identifier(str(row[0]))
-            value = "" if ef_search is None else str(ef_search)
-            conn.execute(
-                sql.SQL("alter database {} set pgrag.ef_search = {}").format(db, sql.Literal(value))
-                if ef_search is not None
-                else sql.SQL("alter database {} reset pgrag.ef_search").format(db)
-            )
-            # this session follows at once (new sessions read the database default)
-            conn.execute("select set_config('pgrag.ef_search', %s, false)", (value,))
+            conn.execute("update pgrag.settings set ef_search = %s", (ef_search,))
+            if ef_search is None:
+                row = conn.execute(
+                    "select current_database(), pg_has_role(d.datdba, 'USAGE') "
+                    "from pg_database d where d.datname = current_database()"
+                ).fetchone()
+                if row and row[1]:
+                    conn.execute(
+                        sql.SQL("alter database {} reset pgrag.ef_search").format(
+                            sql.Identifier(str(row[0]))
+                        )
+                    )
+                conn.execute("select set_config('pgrag.ef_search', '', false)")
     except psycopg.errors.InsufficientPrivilege as exc:
         raise PgragError(
-            f"cannot store pgrag.ef_search: {str(exc).strip().splitlines()[0]}; run pgrag tune "
-            "as the database owner, or set it per role: ALTER ROLE <role> SET pgrag.ef_search = N"
+            f"cannot store ef_search: {str(exc).strip().splitlines()[0]}; run pgrag tune as "
+            "the writer role or the owner, or set it per role: ALTER ROLE <role> SET "
+            "pgrag.ef_search = N"
         ) from exc

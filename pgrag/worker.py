@@ -50,6 +50,7 @@ from pgrag.embed.base import (
     embed_with_retry,
 )
 from pgrag.errors import ConnectionFailed, PgragError, from_database
+from pgrag.tune import TuneResult, maybe_tune
 
 NOTIFY_CHANNEL = "pgrag_chunks"  # chunks waiting for a vector
 RENDER_CHANNEL = "pgrag_render"  # documents waiting in the render queue
@@ -191,8 +192,13 @@ class Worker:
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         failure_retry_s: float = DEFAULT_FAILURE_RETRY_S,
         stop: threading.Event | None = None,
+        auto_tune: bool = True,
     ) -> None:
         self.url = url
+        # after a drain that embedded, measure ef_search again when the store doubled or
+        # halved (pgrag/tune.py maybe_tune); the last measurement, if this worker took one
+        self.auto_tune = auto_tune
+        self.last_tune: TuneResult | None = None
         self.embedder = embedder
         self.batch_size = batch_size
         self.render_entries = render_entries
@@ -433,7 +439,19 @@ class Worker:
                 on_batch(batch)
             if batch.outage:
                 break  # every batch would wait out the same retries: report and stop
+        if self.auto_tune and total.claimed > 0 and not self.stop.is_set():
+            self._maybe_tune()
         return _with(total, seconds=time.perf_counter() - started, stopped=self.stop.is_set())
+
+    def _maybe_tune(self) -> None:
+        """Recall out of the box: tune when the store grew or shrank twofold (a role that may
+        not record a measurement skips it; `pgrag status` shows the last one)."""
+        try:
+            tuned = maybe_tune(self.conn)
+        except psycopg.errors.InsufficientPrivilege:
+            return
+        if tuned is not None:
+            self.last_tune = tuned
 
     def run_forever(
         self,

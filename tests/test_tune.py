@@ -10,12 +10,14 @@ import psycopg
 import pytest
 from pgvector.psycopg import register_vector
 
+import pgrag
 from pgrag import tune as t
 from pgrag.errors import ConfigError, PgragError
 from pgrag.lab import synthetic
 
 from . import search_plan
 from .conftest import run_pgrag
+from .embed_server import FakeEmbeddings
 
 DIM = 384
 ROWS = 4_000
@@ -118,3 +120,81 @@ def test_cli_tune_dry_run_json_and_reset(db_url: str) -> None:
     assert out.returncode == 0 and "removed" in out.stdout
     out = run_pgrag("tune", "--target", "2", env=env)
     assert out.returncode == 2 and "--target" in out.stderr
+
+
+def _insert_chunks(url: str, first: int, count: int) -> None:
+    with psycopg.connect(url) as conn:
+        conn.execute(
+            "insert into pgrag.chunks (doc_type, source_key, text) "
+            "select 't', i::text, 'chunk number ' || i from generate_series(%s::integer, %s::integer) i",
+            (first, first + count - 1),
+        )
+
+
+def _measurements(url: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url) as conn:
+        return conn.execute(
+            "select chunks, tuned_by, ef_search, recall, target from pgrag.tuning order by id"
+        ).fetchall()
+
+
+def test_embedding_tunes_the_store_out_of_the_box_and_again_when_it_doubles(
+    db_url: str,
+) -> None:
+    # recall out of the box: nobody runs `pgrag tune`; the embedding run measures the store
+    # once it holds AUTO_MIN_CHUNKS vectors, and again only when it doubled (or halved)
+    fake = FakeEmbeddings()
+    env = {"PGRAG_DATABASE_URL": db_url, **fake.env()}
+    try:
+        _insert_chunks(db_url, 1, t.AUTO_MIN_CHUNKS - 1)
+        assert run_pgrag("embed", env=env).returncode == 0
+        assert _measurements(db_url) == []  # below the minimum: nothing measured
+        _insert_chunks(db_url, t.AUTO_MIN_CHUNKS, 200)
+        out = run_pgrag("embed", env=env)
+        assert out.returncode == 0, out.stderr
+        (first,) = _measurements(db_url)
+        chunks, by, ef, recall, target = first
+        assert (chunks, by, target) == (t.AUTO_MIN_CHUNKS + 199, "worker", 0.95)
+        assert ef is not None and recall >= 0.95  # the fake vectors are random: some ef does
+        _insert_chunks(db_url, 5_000, 300)  # 1.25x: not measured again
+        assert run_pgrag("embed", env=env).returncode == 0
+        assert len(_measurements(db_url)) == 1
+        _insert_chunks(db_url, 10_000, 1_300)  # past twice the measured size
+        assert run_pgrag("embed", env=env).returncode == 0
+        rows = _measurements(db_url)
+        assert len(rows) == 2 and rows[1][0] == t.AUTO_MIN_CHUNKS + 199 + 300 + 1_300
+    finally:
+        fake.close()
+    with psycopg.connect(db_url) as conn:
+        register_vector(conn)
+        stored = conn.execute("select ef_search from pgrag.settings").fetchone()
+        assert stored is not None and stored[0] == rows[1][2]
+        # every session's searches use it at once, readers' too
+        assert t.current_setting(conn) == stored[0]
+        assert _search_ef(conn) == max(stored[0], 40)
+        conn.execute("set role pgrag_reader")
+        assert _search_ef(conn) == max(stored[0], 40)
+        conn.rollback()
+    with pgrag.connect(db_url) as client:
+        tuning = client.status().tuning
+    assert tuning is not None
+    assert tuning["ef_search"] == stored[0] and tuning["tuned_by"] == "worker"
+    assert tuning["recall"] >= 0.95 and tuning["chunks"] == rows[1][0]
+
+
+def test_an_administrators_setting_overrides_the_store_and_reset_removes_both(
+    db_url: str,
+) -> None:
+    _load(db_url, rows=1_000)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        result = t.tune(conn, target=0.5, queries=10, ladder=(40, 80))
+        assert result.applied and t.current_setting(conn) == result.chosen
+        conn.execute(
+            "do $$ begin execute format('alter database %I set pgrag.ef_search = 300', "
+            "current_database()); end $$"
+        )
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        assert t.current_setting(conn) == 300 and _search_ef(conn) == 300
+        t.store(conn, None)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        assert t.current_setting(conn) is None and _search_ef(conn) == 40

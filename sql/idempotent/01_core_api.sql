@@ -35,7 +35,7 @@ comment on function pgrag.check_dimension(integer) is
 select pgrag._drop_if_changed(to_regprocedure('pgrag.status()'),
     'TABLE(embedding_dim integer, embedding_model text, chunks bigint, pending bigint, '
     'doc_types jsonb, render_queued bigint, render_oldest interval, render_lag jsonb, '
-    'render_errors bigint)');
+    'render_errors bigint, tuning jsonb)');
 
 create or replace function pgrag.status()
 returns table (
@@ -48,7 +48,10 @@ returns table (
     render_oldest interval,  -- the age of the oldest one
     render_lag jsonb,        -- the worker's render lag over the last 15 minutes:
                              -- {"documents", "p50_ms", "p95_ms", "max_ms"}
-    render_errors bigint     -- documents whose last render failed (pgrag verify lists them)
+    render_errors bigint,    -- documents whose last render failed (pgrag verify lists them)
+    tuning jsonb             -- the last recall measurement (pgrag.tuning; NULL: none, or the
+                             -- caller may not read it): ef_search, recall, target, k, chunks,
+                             -- best_ef_search, model, measured_at, tuned_by
 )
 language plpgsql stable security invoker
 set search_path = pg_catalog, pg_temp
@@ -84,13 +87,17 @@ begin
          where b.rendered_at > now() - interval '15 minutes';
         select count(*) into render_errors from pgrag.render_errors;
     end if;
+    if has_table_privilege('pgrag.tuning', 'select') then
+        select to_jsonb(t) - 'id' - 'queries' - 'source' into tuning
+          from pgrag.tuning t order by t.id desc limit 1;
+    end if;
     return next;
 end
 $fn$;
 
 comment on function pgrag.status() is
     'Store size, chunks waiting for a vector, chunks per document type, the render queue, its '
-    'lag and render errors';
+    'lag, render errors and the last recall measurement';
 
 
 create or replace function pgrag.current_tenant()

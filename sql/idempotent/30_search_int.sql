@@ -363,13 +363,17 @@ begin
             close cur;
             estimate := (plan -> 0 -> 'Plan' ->> 'Plan Rows')::double precision;
         end if;
-        -- HNSW: at least twice the candidates and at least the database default `pgrag tune`
-        -- stored (pgrag.ef_search), at most pgvector's 1,000: past that the iterative scan
-        -- walks on until kc rows pass, up to max_scan_tuples (200 per candidate).
+        -- HNSW: at least twice the candidates and at least the value tuned for this store
+        -- (an administrator's pgrag.ef_search setting, else pgrag.settings.ef_search, which
+        -- `pgrag tune` and the worker measure), at most pgvector's 1,000: past that the
+        -- iterative scan walks on until kc rows pass, up to max_scan_tuples (200 per candidate).
         ef := least(greatest(coalesce(ef_search, 2 * kc), kc, 40,
-                             case when ef_search is null
-                                   and current_setting('pgrag.ef_search', true) ~ '^[0-9]{1,4}$'
-                                  then current_setting('pgrag.ef_search', true)::integer end),
+                             case when ef_search is null then
+                                  coalesce(case when current_setting('pgrag.ef_search', true)
+                                                     ~ '^[0-9]{1,4}$'
+                                                then current_setting('pgrag.ef_search', true)
+                                                     ::integer end,
+                                           (select s.ef_search from pgrag.settings s)) end),
                     pgrag._limit('ef_search'));
         max_scan_tuples := greatest(20000, 200 * kc);
         select n.nspname into strict vs

@@ -150,6 +150,9 @@ begin
     execute format('grant select, insert, update, delete on pgrag.embedding_cache, '
                    'pgrag.query_cache, pgrag.embed_errors to %I', s.writer_role);
     execute format('grant update (embedding_model) on pgrag.settings to %I', s.writer_role);
+    -- the worker tunes ef_search when the store grew or shrank twofold (pgrag/tune.py)
+    execute format('grant update (ef_search) on pgrag.settings to %I', s.writer_role);
+    execute format('grant select, insert on pgrag.tuning to %I', s.writer_role);
     execute format('grant select, insert on pgrag.eval_runs to %I', s.writer_role);
     -- the commit-time render's queue: written by every writer's statement triggers; the render
     -- queue, its errors and lag: written by them and the worker

@@ -1,0 +1,3 @@
+-- Undo 0010 exactly (after idempotent.sql removed the functions).
+drop table pgrag.tuning;
+alter table pgrag.settings drop column ef_search;

@@ -1,0 +1,31 @@
+-- 0010: recall out of the box: the HNSW ef_search measured for this store, kept where every
+-- search reads it, and each measurement (recall, store size, when, by whom) for `pgrag status`.
+-- Frozen once released (sql/incremental/frozen.txt). Change the schema in a new file.
+
+-- The ef_search the last tuning chose (NULL: none yet, the search's own floor applies). An
+-- ALTER DATABASE / ROLE SET pgrag.ef_search still overrides it (an administrator's choice).
+alter table pgrag.settings
+    add column ef_search integer check (ef_search between 1 and 1000);
+
+comment on column pgrag.settings.ef_search is
+    'ef_search chosen by the last tuning (pgrag tune, or the worker after the store grew or '
+    'shrank twofold); NULL: not tuned';
+
+create table pgrag.tuning (
+    id bigint generated always as identity primary key,
+    measured_at timestamptz not null default now(),
+    model text,                        -- the embedding model of the vectors measured
+    chunks bigint not null check (chunks >= 0),
+    k integer not null check (k > 0),
+    target real not null check (target > 0 and target <= 1),
+    ef_search integer check (ef_search between 1 and 1000),  -- NULL: no value reached target
+    recall real not null check (recall between 0 and 1),      -- at ef_search, else the best
+    best_ef_search integer not null check (best_ef_search between 1 and 1000),
+    queries integer not null check (queries > 0),
+    source text not null check (source in ('questions', 'chunks')),
+    tuned_by text not null check (tuned_by in ('pgrag tune', 'worker'))
+);
+
+comment on table pgrag.tuning is
+    'Each measurement of HNSW recall against exact search: the smallest ef_search reaching the '
+    'target recall@k, on held-out vectors of the store (pgrag/tune.py)';
