@@ -199,6 +199,25 @@ def tune_on_questions(url: str, k: int) -> str:
     return f"`pgrag tune` on {res.queries} held-out {res.source} ({ladder}): {chosen}"
 
 
+def worker_tuning(url: str) -> str:
+    """What the worker does after embedding a store (``tune.maybe_tune``: measure ef_search
+    when none was or the store doubled), as a note with the measurement searches now use."""
+    from pgrag import tune
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        register_vector(conn)
+        tune.maybe_tune(conn)
+        row = conn.execute(
+            "select ef_search, recall, chunks, source from pgrag.tuning order by id desc limit 1"
+        ).fetchone()
+    if row is None:
+        return "not tuned (fewer vectors than the worker's minimum)"
+    return (
+        f"out of the box (the worker's measurement after embedding, on {row[3]} of the store): "
+        f"ef_search {row[0]}, recall {row[1]:.3f} at {row[2]:,} chunks"
+    )
+
+
 def set_filter_indexes(url: str, wanted: bool, progress: Progress | None = None) -> str:
     """With ``wanted``, a filter index for each FILTER_INDEXED filter (built unless present);
     without, none at all (a previous run's are dropped). What the store has, as a note."""
@@ -685,7 +704,7 @@ def run(
         url = size_database(base_url, n, hnsw_m, hnsw_ef_construction)
         seconds = ensure_loaded(url, n, reload)
         indexes = set_filter_indexes(url, filter_indexes, progress)
-        tuned = tune_on_questions(url, k) if tune else ""
+        tuned = tune_on_questions(url, k) if tune else worker_tuning(url)
         rep = sweep_size(url, queries=queries, k=k, progress=progress)
         reports.append(
             dataclasses.replace(rep, tuned=tuned, load_seconds=seconds, filter_indexes=indexes)
