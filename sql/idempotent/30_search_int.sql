@@ -416,6 +416,11 @@ set search_path = pg_catalog, pg_temp
 set hnsw.iterative_scan = 'relaxed_order'
 set hnsw.ef_search = 40
 set hnsw.max_scan_tuples = 20000
+-- No parallel workers: the statement's exact branches are guarded by one-time conditions that
+-- a Gather starts its workers before testing, so an unfiltered search that never takes them
+-- paid 15-25 ms to launch workers for nothing (EXPLAIN ANALYZE at 100,000 chunks); every
+-- branch reads at most exact_threshold rows or walks the index, which one backend does best.
+set max_parallel_workers_per_gather = 0
 as $$
 -- Every search of the SQL API and of the Python client runs here: pgrag._search_plan, then the
 -- statement, once, with the search's values bound.
