@@ -13,6 +13,7 @@ import click
 
 from pgrag.cli.options import embedder_option, url_of
 from pgrag.embed.base import Embedder
+from pgrag.embed.progress import EmbedProgress
 from pgrag.errors import EmbeddingFailed
 from pgrag.worker import (
     DEFAULT_BATCH_SIZE,
@@ -46,15 +47,24 @@ def _batch_option() -> Callable[[F], F]:
     )
 
 
-def _drain_with_bar(worker: Worker, total: int) -> DrainResult:
-    from tqdm import tqdm
-
-    with tqdm(total=total, unit="chunk", desc="embedding", disable=None, dynamic_ncols=True) as bar:
+def _drain_with_progress(worker: Worker, total: int) -> DrainResult:
+    """Drain the queue behind a bar on a terminal, plain periodic lines elsewhere (logs)."""
+    with EmbedProgress(total) as progress:
 
         def on_batch(b: BatchResult) -> None:
-            bar.update(b.claimed)
+            progress.update(b.claimed)
 
         return worker.drain(on_batch)
+
+
+def _stopped(ctx: click.Context, result: DrainResult, command: str) -> None:
+    """After a SIGINT or SIGTERM: the batch in flight was finished and kept; exit 130."""
+    click.echo(
+        f"pgrag: interrupted: the {result.written} chunks embedded are kept; "
+        f"run `{command}` again to embed the rest",
+        err=True,
+    )
+    ctx.exit(130)
 
 
 def _summary(result: DrainResult) -> str:
@@ -104,8 +114,11 @@ def embed(
 ) -> None:
     """Embed every chunk waiting for a vector, with a progress bar, then exit.
 
-    Exits 9 if some chunks could not be embedded (they are listed), 5 if the model is not the
-    one that made this store's vectors (see `pgrag reembed`).
+    The bar shows the rate and the time left; when stderr is not a terminal (a log, a pipe),
+    a plain line does instead, at every tenth of the work and at least every 30 s. Exits 9 if
+    some chunks could not be embedded (they are listed), 5 if the model is not the one that
+    made this store's vectors (see `pgrag reembed`), 130 on Ctrl-C (SIGINT) or SIGTERM, after
+    the batch in flight, whose vectors are kept.
     """
     url = url_of(ctx)
     embedder = _embedder(embedder_spec)
@@ -119,10 +132,10 @@ def embed(
             click.echo(f"nothing to embed ({embedder.name})")
             _report_failures(worker, DrainResult(), queue.given_up)
             return
-        result = _drain_with_bar(worker, queue.waiting)
+        result = _drain_with_progress(worker, queue.waiting)
         click.echo(_summary(result))
         if result.stopped:
-            click.echo("stopped before the queue was empty", err=True)
+            _stopped(ctx, result, "pgrag embed")
         _report_failures(worker, result, worker.queue().given_up)
 
 
@@ -140,8 +153,10 @@ def embed(
 )
 @click.pass_context
 def worker(ctx: click.Context, embedder_spec: str | None, batch_size: int, poll_s: float) -> None:
-    """Keep rendering and embedding: wake on NOTIFY (pgrag_render, pgrag_chunks), render the
-    documents waiting in the render queue, then embed what changed.
+    """Keep rendering and embedding as writes arrive, until SIGINT or SIGTERM.
+
+    Wakes on NOTIFY (pgrag_render, pgrag_chunks), renders the documents waiting in the render
+    queue, then embeds what changed.
 
     Stops cleanly on SIGINT or SIGTERM after its current batch (a second signal interrupts).
     Any number of workers may run at once. A lost connection (the server restarting, a
@@ -202,7 +217,7 @@ def worker(ctx: click.Context, embedder_spec: str | None, batch_size: int, poll_
 def reembed(
     ctx: click.Context, embedder_spec: str, batch_size: int, yes: bool, no_embed: bool
 ) -> None:
-    """Switch the store to another model: drop every vector, then embed every chunk again.
+    """Switch the store to another model: drop every vector, then embed again.
 
     Vectors the model made before come back from the content cache for free; search returns
     fewer chunks until the re-embedding is done.
@@ -222,8 +237,10 @@ def reembed(
         )
         if no_embed:
             return
-        result = _drain_with_bar(w, queued)
+        result = _drain_with_progress(w, queued)
         click.echo(_summary(result))
+        if result.stopped:
+            _stopped(ctx, result, "pgrag embed")
         _report_failures(w, result, w.queue().given_up)
 
 

@@ -52,6 +52,7 @@ def run_demo(
     from pgrag import migrate
     from pgrag.connection import connect_once, describe_target
     from pgrag.db import connect
+    from pgrag.embed.progress import EmbedProgress
     from pgrag.embed.registry import get_embedder
     from pgrag.lab.sample import load_sample
     from pgrag.lab.sample_documents import declare_sample_documents
@@ -94,10 +95,11 @@ def run_demo(
             + f" ({time.perf_counter() - t:.1f} s)"
         )
         t = time.perf_counter()
+        say(f"embedding the chunks with {model.name}")
         with Worker(url, model) as worker:
-            worker.check()
+            worker.check()  # loads a local model first: seconds
             queue = worker.queue()
-            with _bar(f"embed ({model.name})", queue.waiting, progress) as bar:
+            with EmbedProgress(queue.waiting, enabled=progress) as bar:
                 drained = worker.drain(lambda b: bar.update(b.claimed))
         say(
             f"embedded {drained.written:,} chunks: {drained.model_texts:,} through the model, "
