@@ -1,8 +1,9 @@
 """pgrag: retrieval-augmented generation over relational data, inside PostgreSQL.
 
-The connection and error classes load with the package; the search, question and answer
-machinery loads on first use, so ``import pgrag`` and ``pgrag.connect()`` stay fast for scripts
-that only need the store. Search and ask through the client: ``client.search(...)``,
+The error classes load with the package; the client (``connect``, ``Client``: psycopg's pool,
+pgvector, numpy) and the search, question and answer machinery load on first use, so
+``import pgrag`` stays fast, and so does the command line, which imports only what its command
+needs. Search and ask through the client: ``client.search(...)``,
 ``client.ask(...)`` (``pgrag.search`` and ``pgrag.ask`` are the modules); on asyncio,
 ``await pgrag.aconnect(url)`` gives an ``AsyncClient``. ``pgrag.connect()`` needs a URL (or
 ``PGRAG_DATABASE_URL``), or ``embedded=True`` to start pgrag's embedded PostgreSQL.
@@ -13,7 +14,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from pgrag.db import AsyncClient, Client, StoreSettings, StoreStatus, aconnect, connect
 from pgrag.errors import (
     EXIT_CODES,
     ConfigError,
@@ -30,18 +30,26 @@ from pgrag.errors import (
     PgragError,
     ServerError,
 )
-from pgrag.security import tenant_scope
 
 if TYPE_CHECKING:
     from pgrag.answer import Answer, Context, LLMConfig
     from pgrag.ask import AskResult
+    from pgrag.db import AsyncClient, Client, StoreSettings, StoreStatus, aconnect, connect
     from pgrag.documents import DocType, Mismatch, RebuildStats
     from pgrag.filters import parse_filter_json
     from pgrag.parse import LLMParser, ParsedQuery, parse_question
     from pgrag.rerank import Hit, Reranker
     from pgrag.search import SearchHit, SearchOptions, SearchResult, asearch
+    from pgrag.security import tenant_scope
 
 _LAZY = {
+    "AsyncClient": "pgrag.db",
+    "Client": "pgrag.db",
+    "StoreSettings": "pgrag.db",
+    "StoreStatus": "pgrag.db",
+    "aconnect": "pgrag.db",
+    "connect": "pgrag.db",
+    "tenant_scope": "pgrag.security",
     "Answer": "pgrag.answer",
     "Context": "pgrag.answer",
     "LLMConfig": "pgrag.answer",
