@@ -9,10 +9,10 @@ from pathlib import Path
 
 import click
 
-from pgrag.cli.options import CONTEXT_SETTINGS, url_of
+from pgrag.cli.options import CONTEXT_SETTINGS, Group, url_of
 
 
-@click.group("bench", context_settings=CONTEXT_SETTINGS)
+@click.group("bench", cls=Group, context_settings=CONTEXT_SETTINGS)
 def bench() -> None:
     """Benchmarks whose markdown and plots go into docs/."""
 
@@ -80,7 +80,9 @@ def bench_search(
     tune: bool,
     filter_indexes: bool,
 ) -> None:
-    """Recall@k and p50/p95/p99 latency for ef_search 20/40/100/200, with and without the
+    """Sweep search recall and latency on synthetic stores; write docs/search-sweep.md.
+
+    Recall@k and p50/p95/p99 latency for ef_search 20/40/100/200, with and without the
     iterative scan, at 100%, 10%, 1% and 0.1% filters, bare pgvector beside pgrag's default,
     plus the end-to-end stage breakdown (embed, search, rerank).
 

@@ -374,12 +374,13 @@ def bench_strategies(
     embedder_spec: str | None,
     no_progress: bool,
 ) -> None:
-    """Compare chunking strategies on the sample shop: table rows, JOIN rows, profiles,
-    profiles + orders, and pgrag's full hybrid search.
+    """Compare chunking strategies on the sample shop, table rows to hybrid search.
 
-    Replaces schema shop (like `pgrag sample load --comparisons`), renders and embeds every
-    type once, generates the shop's question set and prints a markdown table: P/R/F1/hit rate
-    at 5, MRR, nDCG@10, latency, chunks, index time, faithfulness of extractive answers.
+    The strategies: table rows, JOIN rows, profiles, profiles + orders, and pgrag's full
+    hybrid search. Replaces schema shop (like `pgrag sample load --comparisons`), renders and
+    embeds every type once, generates the shop's question set and prints a markdown table:
+    P/R/F1/hit rate at 5, MRR, nDCG@10, latency, chunks, index time, faithfulness of
+    extractive answers.
     """
     json_out = "-" if as_json else (None if output is None else str(output))
     from pgrag.lab.eval.bench import BENCH_STRATEGIES, markdown, run_strategy_bench

@@ -10,10 +10,11 @@ from typing import Any
 
 import click
 
-from pgrag.cli.options import CONTEXT_SETTINGS, json_option, url_of
+from pgrag.cli.options import CONTEXT_SETTINGS, Group, json_option, url_of
+from pgrag.errors import PgragError
 
 
-@click.group("filter-index", context_settings=CONTEXT_SETTINGS)
+@click.group("filter-index", cls=Group, context_settings=CONTEXT_SETTINGS)
 def filter_index() -> None:
     """Partial HNSW indexes for frequent filters (docs/search.md, "Filter indexes").
 
@@ -43,7 +44,9 @@ def filter_index() -> None:
 def add(
     ctx: click.Context, filter_json: str, maintenance_work_mem: str | None, print_sql: bool
 ) -> None:
-    """Build the index of FILTER (JSON, the search filter language), e.g.
+    """Build a partial HNSW index for FILTER (JSON, the search filter language).
+
+    For example:
 
         pgrag filter-index add '{"status": "open"}'
 
@@ -108,14 +111,26 @@ def list_(ctx: click.Context, as_json: bool) -> None:
 
 @filter_index.command("drop", context_settings=CONTEXT_SETTINGS)
 @click.argument("filter_or_name", metavar="FILTER|NAME")
+@click.option(
+    "--if-exists", is_flag=True, help="Exit 0 when there is no such index (a note on stderr)."
+)
 @click.pass_context
-def drop(ctx: click.Context, filter_or_name: str) -> None:
-    """Drop the index of FILTER (JSON) or the index NAME (DROP INDEX CONCURRENTLY)."""
+def drop(ctx: click.Context, filter_or_name: str, if_exists: bool) -> None:
+    """Drop the index of FILTER (JSON) or the index NAME (DROP INDEX CONCURRENTLY).
+
+    Exits 1 when there is no such index, unless --if-exists.
+    """
     from pgrag.db import connect
 
     with connect(url_of(ctx)) as client:
         name = client.drop_filter_index(filter_or_name)
-    click.echo(f"{name} dropped" if name else "no such filter index: see `pgrag filter-index list`")
+    if name:
+        click.echo(f"{name} dropped")
+        return
+    missing = f"no such filter index: {filter_or_name}; `pgrag filter-index list` shows them"
+    if not if_exists:
+        raise PgragError(missing)
+    click.echo(f"pgrag: note: {missing}", err=True)
 
 
 def _progress() -> Callable[[str | None, int, int], None]:

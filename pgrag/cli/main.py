@@ -1,12 +1,14 @@
 """The ``pgrag`` group: its global options, the error handling every command shares (one line,
 the exit code of ``pgrag.errors.EXIT_CODES``), ``server``, ``db``, ``documents`` and
-``status``; the other command modules register on it (``_register_subcommands``).
+``status``; the other command modules load on first use (``LazyCommands``), so that
+``pgrag --version`` or ``pgrag server url`` import no search, embedding or evaluation code.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -14,23 +16,69 @@ import click
 import psycopg
 
 from pgrag import config, migrate
-from pgrag.cli.options import CONTEXT_SETTINGS, print_rebuild, rebuild_progress
-from pgrag.errors import EXIT_CODES, PgragError, ServerError
+from pgrag.cli.options import CONTEXT_SETTINGS, Group, print_rebuild, rebuild_progress
+from pgrag.errors import EXIT_CODES, NotMigrated, PgragError, ServerError
 
 if TYPE_CHECKING:
     from pgrag.documents import Mismatch
 
+# A missing schema, table, column, function or type (invalid_schema_name, undefined_table,
+# undefined_column, undefined_function, undefined_object): on a database below pgrag's head
+# revision it means "not migrated" (exit 4, run `pgrag db upgrade`); at head it is the
+# database's own error, reported as such.
+MISSING_OBJECT_SQLSTATES = frozenset({"3F000", "42P01", "42703", "42883", "42704"})
 
-class _Group(click.Group):
-    """Turns PgragError (and stray database errors) into one line and an exit code."""
+
+def usage_line(exc: click.UsageError) -> str:
+    """A usage error as one line: the cause, then where the command's options are listed."""
+    text = exc.format_message().strip().rstrip(".")
+    text = text[:1].lower() + text[1:]
+    path = exc.ctx.command_path if exc.ctx is not None else "pgrag"
+    return f"pgrag: error: {text}: see `{path} --help`"
+
+
+class OneLineError(click.ClickException):
+    """A usage error already made one line (``usage_line``); exit 2, as click's usage errors."""
+
+    exit_code = 2
+
+    def show(self, file: Any = None) -> None:  # noqa: ARG002
+        click.echo(self.message, err=True)
+
+
+class _Group(Group):
+    """Turns PgragError, usage errors and stray database errors into one line and an exit code."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        try:
+            return super().make_context(info_name, args, parent, **extra)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            raise OneLineError(usage_line(exc)) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except click.exceptions.NoArgsIsHelpError:
+            raise
+        except click.UsageError as exc:
+            click.echo(usage_line(exc), err=True)
+            ctx.exit(exc.exit_code)
         except PgragError as exc:
             click.echo(f"pgrag: error: {exc}", err=True)
             ctx.exit(exc.exit_code)
         except psycopg.Error as exc:
+            not_migrated = _not_migrated(ctx, exc)
+            if not_migrated is not None:
+                click.echo(f"pgrag: error: {not_migrated}", err=True)
+                ctx.exit(not_migrated.exit_code)
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             click.echo(f"pgrag: database error: {first}", err=True)
             ctx.exit(1)
@@ -39,14 +87,72 @@ class _Group(click.Group):
             ctx.exit(130)
 
 
+def _not_migrated(ctx: click.Context, exc: psycopg.Error) -> NotMigrated | None:
+    """NotMigrated when ``exc`` is a missing object on a database below pgrag's head."""
+    state = ctx.find_root().obj
+    if exc.sqlstate not in MISSING_OBJECT_SQLSTATES or not isinstance(state, _State):
+        return None
+    if state.resolved is None:
+        return None
+    try:
+        migrate.check_head(migrate.current(state.resolved))
+    except NotMigrated as not_migrated:
+        return not_migrated
+    except (PgragError, psycopg.Error):
+        return None
+    return None
+
+
 @dataclass
 class _State:
     database_url: str | None
+    resolved: str | None = None  # the URL commands connected to (url() resolves it once)
 
     def url(self) -> str:
-        from pgrag.connection import resolve_url
+        if self.resolved is None:
+            from pgrag.connection import resolve_url
 
-        return resolve_url(self.database_url)
+            self.resolved = resolve_url(self.database_url)
+        return self.resolved
+
+
+class LazyCommands(MutableMapping[str, click.Command]):
+    """A group's commands, the modules of some imported only when one of their commands is
+    looked up (run, or listed by --help): names are known without importing anything."""
+
+    def __init__(
+        self,
+        loaded: Mapping[str, click.Command],
+        lazy: Mapping[str, Callable[[], Sequence[click.Command]]],
+    ) -> None:
+        self._loaded = dict(loaded)
+        self._lazy = {name: load for name, load in lazy.items() if name not in self._loaded}
+
+    def __getitem__(self, name: str) -> click.Command:
+        if name not in self._loaded:
+            load = self._lazy[name]  # KeyError: no such command
+            for command in load():
+                if command.name in self._lazy:
+                    self._loaded[command.name] = command
+                    del self._lazy[command.name]
+        return self._loaded[name]
+
+    def __setitem__(self, name: str, command: click.Command) -> None:
+        self._lazy.pop(name, None)
+        self._loaded[name] = command
+
+    def __delitem__(self, name: str) -> None:
+        if self._lazy.pop(name, None) is None:
+            del self._loaded[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._loaded or name in self._lazy
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([*self._loaded, *self._lazy])
+
+    def __len__(self) -> int:
+        return len(self._loaded) + len(self._lazy)
 
 
 @click.group(cls=_Group, context_settings=CONTEXT_SETTINGS)
@@ -125,7 +231,7 @@ def server_status() -> None:
 
 @server.command("url")
 def server_url() -> None:
-    """Print the embedded server's URL (starting it if needed), e.g. for PGRAG_DATABASE_URL."""
+    """Print the embedded server's URL, starting it if needed (for PGRAG_DATABASE_URL)."""
     click.echo(_embedded().ensure())
 
 
@@ -133,7 +239,10 @@ def server_url() -> None:
 @click.argument("psql_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_obj
 def server_psql(state: _State, psql_args: tuple[str, ...]) -> None:
-    """Open psql on pgrag's database (extra arguments go to psql, e.g. -c 'select 1')."""
+    """Open psql on pgrag's database; extra arguments go to psql.
+
+    For example: pgrag server psql -c 'select 1'
+    """
     from pgrag.server import bin_dir
 
     url = state.url()
@@ -326,7 +435,7 @@ def documents_declare(
 @click.argument("mode", type=click.Choice(["commit", "queue"]))
 @click.pass_obj
 def documents_sync(state: _State, name: str, mode: Any) -> None:
-    """Render document type NAME at its writers' commit (commit) or by the worker (queue).
+    """Render type NAME at its writers' commit (commit) or by the worker (queue).
 
     Regenerates its trigger functions only: its tables are not locked. See docs/documents.md.
     """
@@ -355,7 +464,7 @@ def documents_drop(state: _State, name: str, keep_chunks: bool) -> None:
 @documents.command("list")
 @click.pass_obj
 def documents_list(state: _State) -> None:
-    """List the declared document types, their sources, parents, watched tables and chunks."""
+    """List the declared types: sources, parents, watched tables and chunks."""
     from pgrag.db import connect
 
     with connect(state.url()) as client:
@@ -377,9 +486,10 @@ def documents_list(state: _State) -> None:
 @click.argument("doc_type", required=False)
 @click.pass_obj
 def rebuild(state: _State, doc_type: str | None) -> None:
-    """Re-render every document of DOC_TYPE (default: all types), set-based, with progress.
+    """Re-render every document of DOC_TYPE (default: all types), with progress.
 
-    For the first load and after a definition change; unchanged text keeps its vector.
+    Set-based, for the first load and after a definition change; unchanged text keeps its
+    vector.
     """
     from pgrag.db import connect
 
@@ -393,7 +503,10 @@ def rebuild(state: _State, doc_type: str | None) -> None:
 @click.option("--limit", default=20, show_default=True, help="Mismatches to print.")
 @click.pass_obj
 def verify(state: _State, doc_type: str | None, limit: int) -> None:
-    """Compare the declared document views with the stored chunks; exit 1 on any mismatch."""
+    """Compare the declared views with the stored chunks; exit 1 on a mismatch.
+
+    Exits 6 when DOC_TYPE is not a declared type.
+    """
     from pgrag.db import connect
 
     with connect(state.url()) as client:
@@ -452,8 +565,10 @@ documents.add_command(verify)
 @cli.command("status")
 @click.pass_obj
 def status(state: _State) -> None:
-    """Show the database, its revision, the embedding settings, chunk counts, and the render
-    queue (entries, lag, documents that failed to render)."""
+    """Show the database, its revision, embeddings, chunk counts and the render queue.
+
+    The render queue: its entries, their lag, and the documents that failed to render.
+    """
     from pgrag.connection import describe_target
     from pgrag.db import connect
 
@@ -486,33 +601,69 @@ def status(state: _State) -> None:
                 )
 
 
-def _register_subcommands() -> None:
-    from pgrag.cli.bench import bench
-    from pgrag.cli.embed import embed, reembed, worker
-    from pgrag.cli.eval import COMMANDS as EVAL_COMMANDS
-    from pgrag.cli.index import filter_index
+def _embedding() -> Sequence[click.Command]:
+    from pgrag.cli.embed import COMMANDS
+
+    return COMMANDS
+
+
+def _searching() -> Sequence[click.Command]:
+    from pgrag.cli.search import COMMANDS
+
+    return COMMANDS
+
+
+def _evaluating() -> Sequence[click.Command]:
+    from pgrag.cli.eval import COMMANDS
+
+    return COMMANDS
+
+
+def _sample() -> Sequence[click.Command]:
     from pgrag.cli.sample import sample
-    from pgrag.cli.search import ask, demo, search, tune
+
+    return (sample,)
+
+
+def _filter_index() -> Sequence[click.Command]:
+    from pgrag.cli.index import filter_index
+
+    return (filter_index,)
+
+
+def _stats_cache() -> Sequence[click.Command]:
     from pgrag.cli.stats import stats_cache
 
-    for command in (
-        sample,
-        embed,
-        worker,
-        reembed,
-        search,
-        ask,
-        demo,
-        tune,
-        filter_index,
-        stats_cache,
-        *EVAL_COMMANDS,
-        bench,
-    ):
-        cli.add_command(command)
+    return (stats_cache,)
 
 
-_register_subcommands()
+def _bench() -> Sequence[click.Command]:
+    from pgrag.cli.bench import bench
+
+    return (bench,)
+
+
+# The commands of the other modules, by name: each module loads when one of its commands runs
+# (tests/test_cli_first_hour.py checks every name is its command's).
+cli.commands = LazyCommands(
+    cli.commands,
+    {
+        "sample": _sample,
+        "embed": _embedding,
+        "worker": _embedding,
+        "reembed": _embedding,
+        "search": _searching,
+        "ask": _searching,
+        "demo": _searching,
+        "tune": _searching,
+        "filter-index": _filter_index,
+        "stats-cache": _stats_cache,
+        "eval": _evaluating,
+        "eval-runs": _evaluating,
+        "eval-questions": _evaluating,
+        "bench": _bench,
+    },
+)
 
 
 def main() -> None:

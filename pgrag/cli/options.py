@@ -8,18 +8,37 @@ release); ``--seed N`` seeds what is random.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from pgrag.config import ENV_EMBEDDER
-from pgrag.documents import RebuildStats
+
+if TYPE_CHECKING:
+    from pgrag.documents import RebuildStats
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Group(click.Group):
+    """A command group whose listing shows each command's first sentence whole, wrapped if
+    long: click cuts it at the terminal's width with "...", mid-sentence."""
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, cmd.get_short_help_str(limit=sys.maxsize)))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
 
 EMBEDDER_HELP = (
     "Embedder: sentence-transformers (default, all-MiniLM-L6-v2 bundled), "

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import click
 
-from pgrag.cli.options import CONTEXT_SETTINGS, customers_option, no_progress_option
+from pgrag.cli.options import CONTEXT_SETTINGS, Group, customers_option, no_progress_option
 
 
-@click.group("sample", context_settings=CONTEXT_SETTINGS)
+@click.group("sample", cls=Group, context_settings=CONTEXT_SETTINGS)
 def sample() -> None:
     """The sample shop: customers, products, orders and order items in schema shop."""
 
@@ -55,10 +55,10 @@ def sample_load(
     recent_orders: int,
     comparisons: bool,
 ) -> None:
-    """Drop and recreate schema shop with generated data, in one transaction, then declare
-    and render its document types.
+    """Load the sample shop into schema shop, then declare and render its documents.
 
-    Triggers on the old shop tables go with them; the document types are declared again.
+    Drops and recreates schema shop with generated data, in one transaction. Triggers on the
+    old shop tables go with them; the document types are declared again.
     """
     from pgrag.connection import describe_target, resolve_url
     from pgrag.lab.sample import load_sample, validate

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -20,7 +20,11 @@ from pgrag.cli.options import (
     seed_option,
     url_of,
 )
+from pgrag.errors import ConfigError
 from pgrag.limits import MAX_K
+
+if TYPE_CHECKING:
+    from pgrag.db import Client
 
 F = TypeVar("F", bound=Callable[..., Any])
 PREVIEW_CHARS = 160
@@ -67,6 +71,15 @@ def _filter(raw: str | None) -> dict[str, Any] | None:
     from pgrag.filters import parse_filter_json
 
     return parse_filter_json(raw)
+
+
+def _check_doc_types(client: Client, doc_types: Sequence[str]) -> None:
+    """DocumentError naming the declared types unless every one of ``doc_types`` is declared
+    (the search does it too; the question path would drop an unknown type and answer anyway)."""
+    from pgrag.filters import check_filter
+
+    with client.connection() as conn:
+        check_filter(conn, {}, doc_types)
 
 
 def _jsonable(value: Any) -> Any:
@@ -148,9 +161,18 @@ def search(
     match: str,
     stats: bool,
 ) -> None:
-    """Search the chunks in one SQL statement (filters, HNSW, full text, fusion, stats)."""
+    """Search the chunks in one SQL statement (filters, HNSW, full text, stats).
+
+    Vector and full-text ranks are fused. Exits 6 when a --doc-type is not declared, 7 on an
+    invalid --filter.
+    """
     from pgrag.db import connect
 
+    if not query.strip():
+        raise ConfigError(
+            "the search query is empty: give the words to look for, e.g. "
+            "`pgrag search 'late delivery'`"
+        )
     flt = _filter(filter_json)
     with connect(url_of(ctx)) as client:
         result = client.search(
@@ -226,12 +248,15 @@ def ask(
 ) -> None:
     """Answer a question: parse, embed, one-statement search, rerank, grounded answer.
 
-    Uses PGRAG_LLM_MODEL / PGRAG_LLM_BASE_URL when set, else an extractive answer.
+    Uses PGRAG_LLM_MODEL / PGRAG_LLM_BASE_URL when set, else an extractive answer. Exits 6
+    when a --doc-type is not declared, 7 on an invalid --filter.
     """
     from pgrag.db import connect
 
     flt = _filter(filter_json)
     with connect(url_of(ctx)) as client:
+        if doc_types:
+            _check_doc_types(client, doc_types)
         result = client.ask(
             question,
             k=k,
@@ -271,7 +296,12 @@ def demo(
     questions: tuple[str, ...],
     as_json: bool,
 ) -> None:
-    """Start the embedded server, migrate, load and embed the sample shop, ask its questions."""
+    """Run the whole demo: server, sample shop, documents, embeddings, questions.
+
+    Starts the embedded server (unless --database-url or PGRAG_DATABASE_URL), migrates, loads
+    and renders the sample shop, embeds it (progress, rate and time left on stderr), then asks
+    the demo questions.
+    """
     from pgrag.lab.demo import DEMO_QUESTIONS, run_demo
 
     def say(line: str) -> None:
@@ -327,7 +357,7 @@ def tune(
     reset: bool,
     as_json: bool,
 ) -> None:
-    """Size HNSW ef_search to this store: the smallest value reaching the recall target.
+    """Size HNSW ef_search to this store: the smallest value reaching the target.
 
     Computes the exact top-k of each query vector (index disabled), then walks ef_search
     40, 50, 60, ... 1000 (steps of 10 up to 150, then about 10% to 300) through the index until

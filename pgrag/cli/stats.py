@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import click
 
-from pgrag.cli.options import CONTEXT_SETTINGS, url_of
+from pgrag.cli.options import CONTEXT_SETTINGS, Group, url_of
 
 
-@click.group("stats-cache", context_settings=CONTEXT_SETTINGS)
+@click.group("stats-cache", cls=Group, context_settings=CONTEXT_SETTINGS)
 def stats_cache() -> None:
-    """Cache a document type's exact statistics (docs/search.md, "The statistics cache").
+    """Cache the exact statistics of document types until their tables change.
 
     A cached type's statistics for a filter are computed once, then reused by every search
     with that filter until a table they read is written: a trigger on each such table records
     the writing transaction, and a result is used only by a snapshot that sees exactly the
     writes it was computed from, so it is exact. At 1,000,000 chunks the hybrid statement with
-    statistics over every chunk went from about 1.3 s to the search's own time.
+    statistics over every chunk went from about 1.3 s to the search's own time. See
+    docs/search.md, "The statistics cache".
     """
 
 
@@ -42,7 +43,10 @@ def on(ctx: click.Context, doc_type: str) -> None:
 @click.argument("doc_type")
 @click.pass_context
 def off(ctx: click.Context, doc_type: str) -> None:
-    """Compute DOC_TYPE's statistics at every call again (its cached results are never used)."""
+    """Compute DOC_TYPE's statistics at every call again.
+
+    Its cached results are never used.
+    """
     from pgrag.db import connect
 
     with connect(url_of(ctx)) as client:
