@@ -25,6 +25,7 @@ from psycopg.types.json import Jsonb
 from pgrag import search as search_mod
 from pgrag.answer import Answer, Context, LLMConfig, answer, not_found_answer
 from pgrag.errors import ConfigError
+from pgrag.filters import check_filter
 from pgrag.limits import check_question
 from pgrag.parse import Link, ParsedQuery, parse_question
 from pgrag.rerank import Reranker
@@ -183,6 +184,8 @@ def ask(
     parsed = parse_question(question, vocabulary, today=today)
     notes = list(parsed.notes)
     flt: dict[str, Any] = dict(filter) if filter is not None else dict(parsed.filter)
+    if doc_types is not None:  # the caller's types: an undeclared one is an error, not dropped
+        check_filter(conn, {}, list(doc_types))
     types = list(doc_types) if doc_types is not None else list(parsed.doc_types) or None
     if types is not None:
         types = [t for t in types if t in vocabulary.types] or None

@@ -11,6 +11,7 @@ import pytest
 from pgrag.answer import NOT_FOUND, LLMConfig
 from pgrag.ask import ask
 from pgrag.embed.base import Embedder
+from pgrag.errors import DocumentError
 from pgrag.vocabulary import forget_vocabulary
 
 from .chat_server import ChatServer, Reply
@@ -128,3 +129,18 @@ def test_the_statistic_asked_for_comes_first(shop: psycopg.Connection[Any]) -> N
     r = ask_(shop, "How many orders were placed in January 2024?")
     assert r.filter == {"order_date": {"$gte": "2024-01-01", "$lte": "2024-01-31"}}
     assert "Exact answer: order_detail.order_count = 2" in r.answer.text
+
+
+def test_an_undeclared_document_type_is_an_error_not_dropped(
+    shop: psycopg.Connection[Any],
+) -> None:
+    # ask used to drop a type it did not know and answer over every type, with exit 0
+    with pytest.raises(DocumentError, match="no_such_type") as err:
+        ask(
+            shop,
+            "Which customers returned headphones?",
+            doc_types=["no_such_type"],
+            embedder=default_embedder(),
+            use_env_llm=False,
+        )
+    assert "customer_profile" in str(err.value)  # it names the declared types

@@ -212,7 +212,9 @@ def test_client_and_cli(store_url: str) -> None:
         assert {i.filter_json for i in client.filter_indexes()} == {'{"p1": true}', '{"p10": true}'}
         assert client.drop_filter_index('{"p1": true}') is not None
     r = run_pgrag("filter-index", "drop", '{"p1": true}', env=env)
-    assert r.returncode == 0 and "no such filter index" in r.stdout
+    assert r.returncode == 1 and r.stdout == "" and "no such filter index" in r.stderr
+    r = run_pgrag("filter-index", "drop", '{"p1": true}', "--if-exists", env=env)
+    assert r.returncode == 0, r.stderr
 
 
 @pytest.mark.parametrize(

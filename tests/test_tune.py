@@ -126,7 +126,8 @@ def _insert_chunks(url: str, first: int, count: int) -> None:
     with psycopg.connect(url) as conn:
         conn.execute(
             "insert into pgrag.chunks (doc_type, source_key, text) "
-            "select 't', i::text, 'chunk number ' || i from generate_series(%s::integer, %s::integer) i",
+            "select 't', i::text, 'chunk number ' || i "
+            "from generate_series(%s::integer, %s::integer) i",
             (first, first + count - 1),
         )
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
@@ -22,9 +22,6 @@ from pgrag.cli.options import (
 )
 from pgrag.errors import ConfigError
 from pgrag.limits import MAX_K
-
-if TYPE_CHECKING:
-    from pgrag.db import Client
 
 F = TypeVar("F", bound=Callable[..., Any])
 PREVIEW_CHARS = 160
@@ -71,15 +68,6 @@ def _filter(raw: str | None) -> dict[str, Any] | None:
     from pgrag.filters import parse_filter_json
 
     return parse_filter_json(raw)
-
-
-def _check_doc_types(client: Client, doc_types: Sequence[str]) -> None:
-    """DocumentError naming the declared types unless every one of ``doc_types`` is declared
-    (the search does it too; the question path would drop an unknown type and answer anyway)."""
-    from pgrag.filters import check_filter
-
-    with client.connection() as conn:
-        check_filter(conn, {}, doc_types)
 
 
 def _jsonable(value: Any) -> Any:
@@ -255,8 +243,6 @@ def ask(
 
     flt = _filter(filter_json)
     with connect(url_of(ctx)) as client:
-        if doc_types:
-            _check_doc_types(client, doc_types)
         result = client.ask(
             question,
             k=k,
