@@ -295,8 +295,10 @@ def test_upgrade_sql_is_a_script_that_migrates_like_the_online_upgrade(
     with psycopg.connect(empty_db_url, autocommit=True) as conn:
         conn.execute(script.encode())
     assert catalog(empty_db_url) == catalog(pg_server.url_for(template_db))
-    # the same script from pgrag's own module (an installed wheel has no alembic.ini)
+    # the same script from pgrag's own module and CLI (an installed wheel has no alembic.ini)
     assert migrate.upgrade_sql() == script
+    cli = run_pgrag("db", "upgrade", "--sql")
+    assert cli.returncode == 0 and cli.stdout == script, cli.stderr
 
 
 def test_upgrade_sql_from_a_revision_ends_with_head_functions(

@@ -115,7 +115,7 @@ def test_cli_tune_dry_run_json_and_reset(db_url: str) -> None:
         assert t.current_setting(conn) is None
     out = run_pgrag("tune", "--queries", "10", "--target", "0.5", env=env)
     assert out.returncode == 0, out.stderr
-    assert "stored as the database default" in out.stdout
+    assert "stored as the store's" in out.stdout
     out = run_pgrag("tune", "--reset", env=env)
     assert out.returncode == 0 and "removed" in out.stdout
     out = run_pgrag("tune", "--target", "2", env=env)
@@ -183,6 +183,10 @@ def test_embedding_tunes_the_store_out_of_the_box_and_again_when_it_doubles(
     assert tuning is not None
     assert tuning["ef_search"] == stored[0] and tuning["tuned_by"] == "worker"
     assert tuning["recall"] >= t.AUTO_CHUNK_TARGET and tuning["chunks"] == rows[1][0]
+    status = run_pgrag("status", env={"PGRAG_DATABASE_URL": db_url})
+    assert status.returncode == 0, status.stderr
+    assert f"recall:     ef_search {stored[0]}, recall@10 " in status.stdout, status.stdout
+    assert f"at {rows[1][0]:,} chunks by worker" in status.stdout
 
 
 def test_an_administrators_setting_overrides_the_store_and_reset_removes_both(

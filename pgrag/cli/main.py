@@ -199,9 +199,9 @@ def server_start() -> None:
     url = s.start()
     click.echo(f"embedded PostgreSQL running in {s.data_dir}")
     click.echo(url)
-    hint = s.huge_pages_hint(url)
-    if hint:
-        click.echo(f"note: {hint}", err=True)
+    for hint in (s.memory_hint(url), s.huge_pages_hint(url)):
+        if hint:
+            click.echo(f"note: {hint}", err=True)
 
 
 @server.command("stop")
@@ -291,6 +291,13 @@ def db() -> None:
     help="The role that may also declare documents and embed (default pgrag_writer), created "
     "if missing; fixed at revision 0006. Env: PGRAG_WRITER_ROLE.",
 )
+@click.option(
+    "--sql",
+    "as_sql",
+    is_flag=True,
+    help="Print the upgrade as one SQL script instead (REVISION may be FROM:TO; connects to "
+    "nothing): review it, then run it with psql -v ON_ERROR_STOP=1 -f.",
+)
 @click.pass_obj
 def db_upgrade(
     state: _State,
@@ -300,8 +307,24 @@ def db_upgrade(
     hnsw_ef_construction: int | None,
     reader_role: str | None,
     writer_role: str | None,
+    as_sql: bool,
 ) -> None:
     """Migrate up to REVISION (default: head), in one transaction."""
+    if as_sql:
+        start, _, end = revision.rpartition(":")
+        click.echo(
+            migrate.upgrade_sql(
+                end,
+                start=start or None,
+                dimension=dimension,
+                hnsw_m=hnsw_m,
+                hnsw_ef_construction=hnsw_ef_construction,
+                reader_role=reader_role,
+                writer_role=writer_role,
+            ),
+            nl=False,
+        )
+        return
     url = state.url()
     before = migrate.current(url)
     migrate.upgrade(
@@ -599,6 +622,18 @@ def status(state: _State) -> None:
                     f"render errors: {st.render_errors} documents could not be rendered "
                     "(`pgrag verify` lists them)"
                 )
+        if st.tuning is not None:
+            t = st.tuning
+            chosen = (
+                f"ef_search {t['ef_search']}, recall@{t['k']} {t['recall']:.3f}"
+                if t["ef_search"] is not None
+                else f"no ef_search reached {t['target']:g} (best {t['recall']:.3f} at "
+                f"{t['best_ef_search']}: rebuild the index denser, docs/search.md)"
+            )
+            click.echo(
+                f"recall:     {chosen}, measured {str(t['measured_at'])[:16].replace('T', ' ')} at "
+                f"{t['chunks']:,} chunks by {t['tuned_by']}"
+            )
 
 
 def _embedding() -> Sequence[click.Command]:

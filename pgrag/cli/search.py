@@ -347,10 +347,10 @@ def tune(
 
     Computes the exact top-k of each query vector (index disabled), then walks ef_search
     40, 50, 60, ... 1000 (steps of 10 up to 150, then about 10% to 300) through the index until
-    the mean recall@k reaches --target, and stores it as the database default (ALTER DATABASE
-    ... SET pgrag.ef_search), which every search without an explicit ef_search uses from its
-    next connection on. Exact search reads every vector: at 1,000,000 chunks allow a few
-    seconds per query.
+    the mean recall@k reaches --target, and stores it as the store's (pgrag.settings.ef_search,
+    the measurement in pgrag.tuning), which every search without an explicit ef_search uses at
+    once. The worker does the same by itself when the store doubles or halves. Exact search
+    reads every vector: at 1,000,000 chunks allow a few seconds per query.
     """
     from pgrag.cli.options import rebuild_progress
     from pgrag.db import connect
@@ -360,7 +360,7 @@ def tune(
     with connect(url_of(ctx)) as client, client.connection() as conn:
         if reset:
             store(conn, None)
-            click.echo("pgrag.ef_search removed: searches use 2 x candidates (at least 40)")
+            click.echo("the store's ef_search removed: searches use 2 x candidates (at least 40)")
             return
         result = run(
             conn,
@@ -388,7 +388,7 @@ def tune(
             "larger m / ef_construction (docs/search.md, 'Tuning')."
         )
         ctx.exit(1)
-    verb = "stored as the database default" if result.applied else "not stored (--dry-run)"
+    verb = "stored as the store's" if result.applied else "not stored (--dry-run)"
     click.echo(f"ef_search {result.chosen}: {verb} (was {result.previous or 'unset'})")
     if result.source == "chunks":
         click.echo(
