@@ -16,8 +16,9 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -196,6 +197,33 @@ def conn(shared_db_url: str) -> Iterator[psycopg.Connection[Any]]:
             yield c
 
 
+# ---- waiting on a condition ----
+
+# How long a test waits for a condition before it fails: a guard against hanging forever on a
+# broken build, never a speed target. Tests wait on conditions (a row, a lock wait seen in
+# pg_stat_activity, a line from a child process) and count work, so that they pass on a loaded
+# 2-core machine; speed targets live in bench/.
+PATIENCE_S = 600.0
+
+
+def wait_for(condition: Callable[[], object], what: str, patience_s: float = PATIENCE_S) -> None:
+    """Poll ``condition`` until it is true; fail saying ``what`` never happened after
+    ``patience_s`` (a hang guard, not a speed target)."""
+    deadline = time.monotonic() + patience_s
+    while not condition():
+        assert time.monotonic() < deadline, f"after {patience_s:.0f} s, still not: {what}"
+        time.sleep(0.02)
+
+
+def waits_on_lock(url: str, pid: int) -> bool:
+    """Whether the backend ``pid`` waits on a heavyweight lock (pg_stat_activity)."""
+    with psycopg.connect(url, autocommit=True) as watcher:
+        row = watcher.execute(
+            "select wait_event_type = 'Lock' from pg_stat_activity where pid = %s", (pid,)
+        ).fetchone()
+    return bool(row and row[0])
+
+
 # ---- helpers for tests that run the CLI or other processes ----
 
 
@@ -209,9 +237,14 @@ def psql_file(url: str, path: Path) -> None:
 
 
 def run_pgrag(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 120, cwd: Path | None = None
+    *args: str,
+    env: dict[str, str] | None = None,
+    timeout: float = PATIENCE_S,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run the installed ``pgrag`` command; returns the completed process (never raises)."""
+    """Run the installed ``pgrag`` command; returns the completed process, whatever its exit
+    code. The timeout only guards against a hang (a loaded machine may take minutes to load a
+    model)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("PGRAG_")}
     # A test that forgets to choose must not start the per-user default server: point the
     # default at a directory that cannot be created, so such a test fails loudly instead.
