@@ -25,6 +25,7 @@ from pgvector.psycopg import register_vector
 from pgrag import documents
 from pgrag.worker import Worker, as_vector
 
+from .conftest import PATIENCE_S, wait_for
 from .hostile import HashEmbedder, hash_vector
 from .shop_fixture import load_tiny_shop
 
@@ -177,7 +178,8 @@ class _Writer:
     def run(self, stop: threading.Event) -> None:
         ops = self.ops()
         with psycopg.connect(self.url) as conn:
-            conn.execute("set lock_timeout = '30s'")  # a lost wakeup fails loudly, not hangs
+            # a lost wakeup fails loudly instead of hanging (a guard, not a speed target)
+            conn.execute("select set_config('lock_timeout', %s, false)", (f"{PATIENCE_S:.0f}s",))
             if self.result.sync != "commit":  # immediate: per statement; queue: by the workers
                 conn.execute("select set_config('pgrag.sync', %s, false)", (self.result.sync,))
             conn.commit()
@@ -214,42 +216,73 @@ def run_soak(
     *,
     writers: int,
     workers: int,
-    seconds: float,
+    transactions: int | None = None,
+    seconds: float | None = None,
     seed: int = 1,
     max_statements: int = 1,
     sync: str = "commit",
 ) -> SoakResult:
-    """Writers and workers for ``seconds``; then drain and check (the shop must be loaded).
+    """Writers and workers until the writers committed ``transactions`` (the test suite: a
+    count of work, whatever the machine's speed) or for ``seconds`` (bench/reliability.py);
+    then drain and check (the shop must be loaded). Either way every worker has rendered or
+    embedded at least one batch while the writers ran.
 
     ``sync="immediate"`` makes the writers render per statement (``set pgrag.sync =
     immediate``), as every writer did before revision 0007: the deadlocks that made commit-time
     rendering the default. ``sync="queue"``: the writers only record what changed and the
     workers render it."""
+    assert (transactions is None) != (seconds is None), "give transactions or seconds"
     result = SoakResult(writers=writers, workers=workers, max_statements=max_statements, sync=sync)
     stop = threading.Event()
     embedder = HashEmbedder()
     written: list[int] = []
+    batches = [0] * workers  # render and embedding batches of each worker
 
-    def work() -> None:
+    def work(index: int) -> None:
+        def count(_: object) -> None:
+            batches[index] += 1
+
         with Worker(url, embedder, batch_size=8, stop=stop) as w:
             while not stop.is_set():
-                r = w.drain()
+                r = w.drain(on_batch=count, on_render=count)
                 written.append(r.written)
                 if r.claimed == 0 and r.rendered_entries == 0:
-                    time.sleep(0.05)
+                    time.sleep(0.05)  # an idle worker's poll, not a wait for anything
 
     threads = [
         threading.Thread(target=_Writer(url, i, seed, result, max_statements).run, args=(stop,))
         for i in range(writers)
-    ] + [threading.Thread(target=work) for _ in range(workers)]
+    ] + [threading.Thread(target=work, args=(i,)) for i in range(workers)]
     started = time.perf_counter()
     for t in threads:
         t.start()
-    time.sleep(seconds)
-    stop.set()
-    for t in threads:
-        t.join(timeout=120)
-        assert not t.is_alive(), "a writer or worker did not stop"
+
+    def enough() -> bool:
+        if not all(t.is_alive() for t in threads):
+            return True  # a thread died: stop the others, fail below
+        if len(result.other_errors) >= 100:
+            return True  # something is broken; the caller sees the errors
+        if seconds is not None:
+            done = time.perf_counter() - started >= seconds
+        else:
+            done = result.transactions >= (transactions or 0)
+        return done and min(batches, default=1) > 0
+
+    dead: list[str] = []
+    try:
+        try:
+            wait_for(enough, f"{transactions} writer transactions and a batch of each worker")
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}: {result.transactions} transactions, worker batches {batches}"
+            ) from None
+        dead = [t.name for t in threads if not t.is_alive()]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(PATIENCE_S)
+    assert not any(t.is_alive() for t in threads), "a writer or worker did not stop"
+    assert not dead, f"{dead} ended before the others (traceback above)"
     with Worker(url, embedder, batch_size=64) as w:
         written.append(w.drain().written)
     result.seconds = time.perf_counter() - started
