@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,7 +22,7 @@ from pgrag.db import connect
 from pgrag.errors import DocumentError
 from pgrag.lab import synthetic
 
-from .conftest import run_pgrag
+from .conftest import PATIENCE_S, run_pgrag, wait_for, waits_on_lock
 from .shop_fixture import load_tiny_shop
 from .stats_reference import declared_stats
 
@@ -578,14 +577,32 @@ def test_serializable_transactions_neither_read_nor_store(shop_url: str) -> None
         assert cached_rows(conn) == []
 
 
+def blocked_by(url: str, pid: int, other: psycopg.Connection[Any]) -> bool:
+    """Whether the backend ``pid`` waits for a lock ``other``'s session holds."""
+    with psycopg.connect(url, autocommit=True) as watcher:
+        row = watcher.execute(
+            "select %s = any(pg_blocking_pids(%s))", (other.info.backend_pid, pid)
+        ).fetchone()
+    return bool(row and row[0])
+
+
 def test_a_result_being_stored_by_an_open_transaction_does_not_hold_others_up(
     shop_url: str,
 ) -> None:
     with psycopg.connect(shop_url) as a, psycopg.connect(shop_url) as b:
         stats(a, VIP)  # stored, not committed: a holds the key
-        b.execute("set statement_timeout = '5s'")
-        assert stats(b, VIP) == reference(b, VIP)  # computed, not stored, no wait
-        a.rollback()
+        got: dict[str, Any] = {}
+        thread = threading.Thread(target=lambda: got.update(b=stats(b, VIP)), daemon=True)
+        thread.start()
+        wait_for(
+            lambda: not thread.is_alive() or blocked_by(shop_url, b.info.backend_pid, a),
+            "b's statistics ended, or b waits for a",
+        )
+        waited = thread.is_alive()
+        a.rollback()  # (lets b go on if it waited)
+        thread.join(PATIENCE_S)
+        assert not waited, "b waited for the transaction storing the same result"
+        assert got["b"] == reference(b, VIP)  # computed, not stored
         b.commit()
         assert cached_rows(b) == []
 
@@ -654,23 +671,40 @@ def sql_bonus(conn: psycopg.Connection[Any]) -> Any:
     return row[0]["customer_profile"]["bonus"]
 
 
-def _while_a_slow_statement_computes(url: str, write: list[str]) -> Any:
-    """Run the bonus statistics in a statement that sleeps first (its snapshot taken before),
-    commit ``write`` from another session meanwhile; the slow statement's result."""
-    out: dict[str, Any] = {}
+HOLD_KEY = 7_061_728  # an advisory lock the "slow" statement waits for (no other use)
 
-    def slow() -> None:
-        with psycopg.connect(url, autocommit=True) as a:
-            row = a.execute("select pg_sleep(1.5), pgrag.stats(%s)", (Jsonb(VIP),)).fetchone()
+
+def _while_a_slow_statement_computes(url: str, write: list[str]) -> Any:
+    """Run the bonus statistics in a statement that first waits for an advisory lock this
+    session holds (its snapshot taken before), commit ``write`` from another session while it
+    waits (seen in pg_stat_activity), then let it go on; the held statement's result."""
+    out: dict[str, Any] = {}
+    with (
+        psycopg.connect(url, autocommit=True) as holder,
+        psycopg.connect(url, autocommit=True) as a,
+    ):
+        holder.execute("select pg_advisory_lock(%s)", (HOLD_KEY,))
+
+        def held() -> None:
+            row = a.execute(
+                "select pg_advisory_xact_lock(%s), pgrag.stats(%s)", (HOLD_KEY, Jsonb(VIP))
+            ).fetchone()
             out["stats"] = row[1]["customer_profile"] if row else None
 
-    thread = threading.Thread(target=slow)
-    thread.start()
-    time.sleep(0.5)
-    with psycopg.connect(url, autocommit=True) as b:
-        for statement in write:
-            b.execute(statement)
-    thread.join()
+        thread = threading.Thread(target=held, daemon=True)
+        thread.start()
+        try:
+            wait_for(
+                lambda: waits_on_lock(url, a.info.backend_pid),
+                "the statistics statement waits for the held lock",
+            )
+            with psycopg.connect(url, autocommit=True) as b:
+                for statement in write:
+                    b.execute(statement)
+        finally:
+            holder.execute("select pg_advisory_unlock(%s)", (HOLD_KEY,))
+            thread.join(PATIENCE_S)
+    assert not thread.is_alive(), "the statistics statement did not end"
     return out["stats"]
 
 
