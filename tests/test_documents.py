@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from typing import Any
 
 import psycopg
@@ -13,6 +12,7 @@ import pytest
 from pgrag import documents
 from pgrag.errors import DocumentError, mapped_database_errors
 
+from .conftest import PATIENCE_S, wait_for, waits_on_lock
 from .shop_fixture import load_tiny_shop
 
 
@@ -195,11 +195,24 @@ def test_notify_is_sent_when_text_changes(shop_committed: str) -> None:
         writer.execute("update shop.order_items set quantity = 5 where order_item_id = 200")
         # one wake-up per transaction (pgrag._notify: at most one of the transactions
         # committing at once notifies; the workers look again after each batch)
-        got = [n.payload for n in listener.notifies(timeout=2, stop_after=1)]
-        assert got == [""]
-        assert list(listener.notifies(timeout=0.5)) == []
+        assert notified_before_a_marker(listener, writer) == [""]
         writer.execute("update shop.customers set email = 'x@y.z' where customer_id = 2")
-        assert list(listener.notifies(timeout=0.5)) == []  # text unchanged: no wake-up
+        assert notified_before_a_marker(listener, writer) == []  # text unchanged: no wake-up
+
+
+def notified_before_a_marker(
+    listener: psycopg.Connection[Any], writer: psycopg.Connection[Any]
+) -> list[str]:
+    """The payloads on pgrag_chunks before a marker ``writer`` sends now: notifications are
+    delivered in commit order, so what the writer's earlier commits sent has all arrived when
+    the marker does (a condition, not a time window)."""
+    writer.execute("select pg_notify('pgrag_chunks', 'test marker')")
+    got: list[str] = []
+    for n in listener.notifies(timeout=PATIENCE_S):
+        if n.payload == "test marker":
+            return got
+        got.append(n.payload)
+    raise AssertionError(f"the marker never arrived (before it: {got})")
 
 
 @pytest.fixture
@@ -386,10 +399,14 @@ def test_concurrent_writers_of_one_document_lose_nothing(shop_committed: str) ->
             second.commit()
             done.set()
 
-        t = threading.Thread(target=other)
+        t = threading.Thread(target=other, daemon=True)
         t.start()
-        assert done.wait(10)  # no document lock is held before commit: it does not wait
-        t.join(10)
+        wait_for(
+            lambda: done.is_set() or waits_on_lock(shop_committed, second.info.backend_pid),
+            "the second committed, or waits for a lock",
+        )
+        assert done.is_set()  # no document lock is held before commit: it does not wait
+        t.join(PATIENCE_S)
         first.commit()  # renders customer 1 again, now with the second's committed change
     finally:
         first.close()
@@ -472,11 +489,16 @@ def test_a_concurrent_move_reaches_the_document_it_moved_to(shop_committed: str)
             except BaseException as exc:  # reported below
                 errors.append(exc)
 
-        t = threading.Thread(target=other)
+        t = threading.Thread(target=other, daemon=True)
         t.start()
-        t.join(0.5)
+        # B's statement ran (its key query saw order 12 under customer 1) and it committed or
+        # waits for A: either way, A commits only now
+        wait_for(
+            lambda: not t.is_alive() or waits_on_lock(shop_committed, second.info.backend_pid),
+            "B committed, or waits for a lock",
+        )
         first.commit()
-        t.join(10)
+        t.join(PATIENCE_S)
         assert not t.is_alive() and errors == []
     finally:
         first.close()
@@ -525,7 +547,7 @@ def test_a_document_lock_no_longer_deadlocks_with_a_later_row_lock(
             try:
                 b.execute("update shop.customers set name = 'Jon Smith' where customer_id = 1")
                 b_statement_done.set()
-                b_may_commit.wait(20)
+                b_may_commit.wait(PATIENCE_S)
                 b.commit()
             except psycopg.Error as exc:
                 outcome["b"] = exc
@@ -542,24 +564,25 @@ def test_a_document_lock_no_longer_deadlocks_with_a_later_row_lock(
             a_done.set()
 
         a.execute("update shop.order_items set quantity = 3 where order_item_id = 102")
-        tb = threading.Thread(target=run_b)
+        tb = threading.Thread(target=run_b, daemon=True)
         tb.start()
-        deadline = time.monotonic() + 20
-        while not (b_statement_done.is_set() or _waits_on_a_lock(watcher, b.info.backend_pid)):
-            assert time.monotonic() < deadline, "B neither finished its statement nor waited"
-            time.sleep(0.02)
+        wait_for(
+            lambda: b_statement_done.is_set() or _waits_on_a_lock(watcher, b.info.backend_pid),
+            "B finished its statement or waits for a lock",
+        )
         # immediate: B waits for customer 1's document lock; commit: B's update is done
         assert b_statement_done.is_set() == (sync == "commit")
-        ta = threading.Thread(target=run_a_second)
+        ta = threading.Thread(target=run_a_second, daemon=True)
         ta.start()
-        while not (
-            a_done.is_set() or "b" in outcome or _waits_on_a_lock(watcher, a.info.backend_pid)
-        ):
-            assert time.monotonic() < deadline, "A's second statement neither ran nor waited"
-            time.sleep(0.02)
+        wait_for(
+            lambda: (
+                a_done.is_set() or "b" in outcome or _waits_on_a_lock(watcher, a.info.backend_pid)
+            ),
+            "A's second statement ran, or waits for a lock",
+        )
         b_may_commit.set()
-        ta.join(20)
-        tb.join(20)
+        ta.join(PATIENCE_S)
+        tb.join(PATIENCE_S)
         assert not ta.is_alive() and not tb.is_alive()
     finally:
         b_may_commit.set()

@@ -10,8 +10,7 @@ hanging.
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -20,10 +19,9 @@ import pytest
 from pgrag import documents
 from pgrag.worker import Worker
 
+from .conftest import PATIENCE_S, wait_for, waits_on_lock
 from .hostile import HashEmbedder
 from .shop_fixture import load_tiny_shop
-
-PATIENCE_S = 120  # a bound on waiting for a condition (a hang guard, not a speed target)
 
 
 @pytest.fixture
@@ -31,21 +29,6 @@ def shop(db_url: str) -> str:
     with psycopg.connect(db_url) as conn:
         load_tiny_shop(conn)
     return db_url
-
-
-def wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + PATIENCE_S
-    while not condition():
-        assert time.monotonic() < deadline, f"never happened: {what}"
-        time.sleep(0.01)
-
-
-def waits_on_lock(url: str, pid: int) -> bool:
-    with psycopg.connect(url) as w:
-        row = w.execute(
-            "select wait_event_type = 'Lock' from pg_stat_activity where pid = %s", (pid,)
-        ).fetchone()
-    return bool(row and row[0])
 
 
 def profile(url: str, key: str) -> str:
