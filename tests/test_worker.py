@@ -9,6 +9,7 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -22,17 +23,17 @@ from pgrag.embed.openai import OpenAIEmbedder
 from pgrag.errors import ModelMismatch, NotMigrated
 from pgrag.worker import Worker, as_vector
 
+from .conftest import PATIENCE_S, wait_for
 from .embed_server import (
     FakeEmbeddings,
     Recording,
     cli_env,
     default_embedder,
     fake_vector,
-    run_cli,
     start_cli,
     texts,
-    wait_until,
 )
+from .embed_server import run_cli as _run_cli
 
 FAST = RetryPolicy(attempts=3, base_s=0.01, max_s=0.05)
 LOCK_CLASS = 1885827687  # pgrag._chunk_lock_keys(): the advisory lock class of chunk claims
@@ -85,6 +86,50 @@ def claim_locks(url: str) -> int:
     )
 
 
+def run_cli(args: Sequence[str], env: dict[str, str]) -> Any:
+    """``pgrag ARGS`` to its end (the deadline only guards against a hang)."""
+    return _run_cli(args, env, timeout=PATIENCE_S)
+
+
+def claim_holders(url: str) -> int:
+    """Sessions holding chunk claims."""
+    return int(
+        scalar(
+            url,
+            "select count(distinct pid) from pg_locks "
+            f"where locktype = 'advisory' and classid = {LOCK_CLASS}",
+        )
+    )
+
+
+def lock_waiters(url: str) -> int:
+    """Sessions of this database waiting on a heavyweight lock."""
+    return int(
+        scalar(
+            url,
+            "select count(*) from pg_stat_activity "
+            "where datname = current_database() and wait_event_type = 'Lock'",
+        )
+    )
+
+
+@contextmanager
+def holding_cache_entry(url: str, model: str, text: str) -> Iterator[None]:
+    """An uncommitted content-cache row for ``text`` under ``model``: a worker storing a batch
+    that holds this text waits (its insert into pgrag.embedding_cache) until the block ends and
+    the row is rolled back. A batch held mid-way, by a lock, not caught by a stopwatch."""
+    with psycopg.connect(url) as holder:
+        holder.execute(
+            "insert into pgrag.embedding_cache (model, content_hash, embedding) "
+            "values (%s, pgrag.text_sha256(%s), array_fill(0.5, array[384])::vector)",
+            (model, text),
+        )
+        try:
+            yield
+        finally:
+            holder.rollback()
+
+
 def assert_vectors_are_the_models(url: str, sample: int | None = None) -> None:
     rows = [(t, v) for t, v, _ in stored(url).values() if v is not None]
     rows = rows[:sample] if sample else rows
@@ -112,37 +157,48 @@ def test_drain_stores_the_models_vectors(db_url: str) -> None:
 def test_concurrent_workers_embed_each_chunk_once(db_url: str) -> None:
     items = list(texts(120))
     insert(db_url, items)
-    model = Recording(default_embedder())
     results = []
 
     def run() -> None:
         with Worker(db_url, model, batch_size=8) as w:
             results.append(w.drain())
 
-    threads = [threading.Thread(target=run) for _ in range(3)]
+    def first_batch_waits_for_the_others(calls: int, _: Sequence[str]) -> None:
+        # every worker claims a batch before the first goes to the model (claims need no
+        # model), so that each gets work however the threads are scheduled
+        if calls == 1:
+            wait_for(lambda: claim_holders(db_url) == 3, "all three workers claimed a batch")
+
+    model = Recording(default_embedder(), before=first_batch_waits_for_the_others)
+    threads = [threading.Thread(target=run, daemon=True) for _ in range(3)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=120)
+        t.join(PATIENCE_S)
+    assert not any(t.is_alive() for t in threads), "a worker did not finish"
     assert sorted(model.texts) == sorted(items)  # none twice, none skipped
     assert sum(r.written for r in results) == 120
     assert all(r.batches > 0 for r in results), "every worker got work"
     assert all(v is not None for _, v, _ in stored(db_url).values())
 
 
+@pytest.mark.chaos
 def test_sigkill_mid_batch_loses_nothing(db_url: str) -> None:
-    insert(db_url, list(texts(800)))
-    proc = start_cli(["embed", "--batch-size", "32"], cli_env(db_url))
-    try:
-        wait_until(
-            lambda: scalar(db_url, "select count(embedding) from pgrag.chunks") >= 64,
-            timeout=90,
-        )
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    items = list(texts(800))
+    insert(db_url, items)
+    # the seventh batch of 32 (items 192 to 223) is held while it is stored, then the worker
+    # is killed: six batches are in, whatever the machine's speed
+    with holding_cache_entry(db_url, "sentence-transformers/all-MiniLM-L6-v2", items[200]):
+        proc = start_cli(["embed", "--batch-size", "32"], cli_env(db_url))
+        try:
+            wait_for(lambda: lock_waiters(db_url) == 1, "the worker waits to store a batch")
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    # its backend, let go, either stores the held batch or not; then it is gone
+    wait_for(lambda: claim_locks(db_url) == 0, "the killed worker's claims are released")
     done = scalar(db_url, "select count(embedding) from pgrag.chunks")
-    assert 64 <= done < 800
+    assert done in (192, 224)
     # nothing half-written: vector, model and timestamp together; the cache in step
     assert (
         scalar(
@@ -153,7 +209,6 @@ def test_sigkill_mid_batch_loses_nothing(db_url: str) -> None:
         == 0
     )
     assert scalar(db_url, "select count(*) from pgrag.embedding_cache") == done
-    wait_until(lambda: claim_locks(db_url) == 0, timeout=20)  # died with its connection
     model = Recording(default_embedder())
     with Worker(db_url, model, batch_size=64) as w:
         result = w.drain()
@@ -166,7 +221,7 @@ def test_sigkill_mid_batch_loses_nothing(db_url: str) -> None:
 def test_text_changed_while_embedding_stays_queued(db_url: str) -> None:
     ids = insert(db_url, list(texts(6)))
     writer = psycopg.connect(db_url, autocommit=True)
-    writer.execute("set lock_timeout = '3s'")  # the claim holds no row lock: no waiting
+    writer.execute("set lock_timeout = '3s'")  # the claim holds no row lock: no waiting at all
 
     def change(calls: int, _: Sequence[str]) -> None:
         if calls == 1:
@@ -302,7 +357,7 @@ def test_outage_is_retried_then_reported(db_url: str, fake: FakeEmbeddings) -> N
     assert len(fake.requests) == FAST.attempts
     assert scalar(db_url, "select count(embedding) from pgrag.chunks") == 0
     assert scalar(db_url, "select count(*) from pgrag.embed_errors") == 4
-    res = run_cli(["embed"], cli_env(db_url, fake.env()), timeout=180)
+    res = run_cli(["embed"], cli_env(db_url, fake.env()))
     assert res.returncode == 9 and "is failing" in res.stderr
 
 
@@ -310,7 +365,7 @@ def test_worker_wakes_on_notify_and_stops_on_sigterm(db_url: str, fake: FakeEmbe
     proc = start_cli(["worker", "--batch-size", "2", "--poll", "600"], cli_env(db_url, fake.env()))
     try:
         with psycopg.connect(db_url, autocommit=True) as conn:
-            wait_until(
+            wait_for(
                 lambda: (
                     scalar(
                         db_url,
@@ -319,21 +374,22 @@ def test_worker_wakes_on_notify_and_stops_on_sigterm(db_url: str, fake: FakeEmbe
                     )
                     == 1
                 ),
-                timeout=60,
+                "the worker listens",
             )
             insert(db_url, ["first"])
             conn.execute("notify pgrag_chunks, 't'")
-            wait_until(
-                lambda: scalar(db_url, "select count(embedding) from pgrag.chunks") == 1, timeout=20
+            wait_for(
+                lambda: scalar(db_url, "select count(embedding) from pgrag.chunks") == 1,
+                "the worker woke up and embedded the first chunk",
             )
-            # SIGTERM while a batch is at the embedder: that batch is finished, no other
-            fake.delay_s = 1.0
-            fake.started.clear()
-            insert(db_url, ["second", "third", "fourth", "fifth"])
-            conn.execute("notify pgrag_chunks, 't'")
-            assert fake.started.wait(20)
-            proc.send_signal(signal.SIGTERM)
-            _, err = proc.communicate(timeout=30)
+            # SIGTERM while a batch is in flight (held as it is stored): that batch is
+            # finished, no other is taken
+            with holding_cache_entry(db_url, "openai:fake-embed", "third"):
+                insert(db_url, ["second", "third", "fourth", "fifth"])
+                conn.execute("notify pgrag_chunks, 't'")
+                wait_for(lambda: lock_waiters(db_url) == 1, "the worker waits to store a batch")
+                proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=PATIENCE_S)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -16,14 +16,12 @@ from pgrag import migrate
 from pgrag.errors import ConnectionFailed
 from pgrag.server import EmbeddedServer
 from pgrag.worker import Backoff, Reconnect, Worker, connection_lost
+from tests.conftest import PATIENCE_S
 from tests.embed_server import wait_until
 from tests.hostile import HashEmbedder
 from tests.test_worker import insert
 
 FAST = Backoff(base_s=0.05, max_s=0.5)
-# a bound on waiting for a condition, so that a broken worker fails the test instead of hanging
-# it; the conditions are met in well under a second on a quiet machine
-PATIENCE_S = 600
 
 
 def _waiting(url: str) -> int:
@@ -58,6 +56,7 @@ def running_worker(url: str) -> Iterator[list[Reconnect]]:
     assert failed == [], failed
 
 
+@pytest.mark.chaos
 def test_terminated_backends_are_reconnected(db_url: str) -> None:
     insert(db_url, [f"first {i}" for i in range(20)])
     with running_worker(db_url) as events:
@@ -73,6 +72,7 @@ def test_terminated_backends_are_reconnected(db_url: str) -> None:
     assert events[0].error is not None and connection_lost(events[0].error)
 
 
+@pytest.mark.chaos
 def test_a_server_restart_is_waited_out(tmp_path: Path) -> None:
     server = EmbeddedServer(tmp_path / "data")
     url = server.start()
