@@ -11,6 +11,7 @@ import sys
 
 import psycopg
 
+from .conftest import PATIENCE_S
 from .embed_server import FakeEmbeddings
 
 
@@ -24,7 +25,7 @@ def test_demo_runs_through_the_cli(db_url: str) -> None:
             env=env,
             capture_output=True,
             text=True,
-            timeout=300,
+            timeout=PATIENCE_S,  # a hang guard, not a speed target
             stdin=subprocess.DEVNULL,
         )
     finally:

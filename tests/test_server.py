@@ -12,6 +12,8 @@ import pytest
 from pgrag.errors import ServerError
 from pgrag.server import EmbeddedServer, memory_mb, shared_buffers_mb
 
+from .conftest import PATIENCE_S
+
 
 def test_cold_start_then_reuse(tmp_path: Path) -> None:
     server = EmbeddedServer(tmp_path / "data")
@@ -80,7 +82,7 @@ def test_two_processes_starting_at_once_share_one_server(tmp_path: Path) -> None
         for _ in range(2)
     ]
     try:
-        outs = [p.communicate(timeout=120) for p in procs]
+        outs = [p.communicate(timeout=PATIENCE_S) for p in procs]  # a hang guard
         for p, (_, err) in zip(procs, outs, strict=True):
             assert p.returncode == 0, err
         assert outs[0][0] == outs[1][0]  # same postmaster pid, same start time
