@@ -292,9 +292,7 @@ def maybe_tune(
     if not got or not got[0]:
         return None
     try:
-        return tune(
-            conn, target=AUTO_TARGET, chunk_target=AUTO_CHUNK_TARGET, tuned_by="worker"
-        )
+        return tune(conn, target=AUTO_TARGET, chunk_target=AUTO_CHUNK_TARGET, tuned_by="worker")
     finally:
         conn.execute("select pg_advisory_unlock(%s)", (TUNE_LOCK_KEY,))
 
