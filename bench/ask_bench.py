@@ -60,10 +60,11 @@ def main() -> None:
     questions = [f"How many chunks about {t} are there in topic {i % 200}?" for i, t in
                  enumerate(texts)]  # fmt: skip
     before = os.getloadavg()
-    cache = QueryCache(_Cached())  # type: ignore[arg-type]
+    cache = QueryCache(_Cached())
     with psycopg.connect(url, autocommit=True) as conn:
         synthetic.register(conn)
         rows = conn.execute("select count(*) from pgrag.chunks").fetchone()
+        assert rows is not None
         conn.cursor().executemany(
             "insert into pgrag.query_cache (model, query_hash, query, embedding) "
             "values ('synthetic', sha256(convert_to(%(q)s, 'UTF8')), %(q)s, "

@@ -67,6 +67,7 @@ def main() -> None:
     times: dict[tuple[str, str], list[float]] = {}
     with psycopg.connect(url, autocommit=True) as conn:
         rows = conn.execute("select count(*) from pgrag.chunks").fetchone()
+        assert rows is not None
         for i, (q, text) in enumerate(zip(qvecs, qtexts, strict=True)):
             for mode in ("hybrid", "text"):
                 plan = conn.execute(

@@ -124,7 +124,7 @@ def fuzz(admin_url: str, cases: int) -> None:
         if not (r.exception is None or isinstance(r.exception, SystemExit)):
             raise AssertionError(f"the CLI raised {r.exception!r}")
 
-    rows = [
+    rows: list[tuple[str, Any, Any, int]] = [
         ("filters compiled", filters, lambda f: check_filter(conn, f, None), cases),
         ("filter JSON parsed", filter_json_text, parse_filter_json, cases),
         ("questions parsed", questions, lambda q: parse_question(q, vocabulary), cases),

@@ -74,12 +74,12 @@ def run(url: str, rows: int, nq: int, skip_load: bool, k: int = 10) -> None:
             for i in range(nq):
                 truth = exact_ids(conn, qvecs[i], flt, k)
                 conn.rollback()
-                ms, got = timed(lambda i=i, flt=flt: bare_ids(conn, qvecs[i], flt, k))
+                ms, got = timed(lambda i=i, flt=flt: bare_ids(conn, qvecs[i], flt, k))  # type: ignore[misc]
                 bare_t.append(ms)
                 bare_n.append(len(got))
                 bare_r.append(len(set(got) & set(truth)) / max(len(truth), 1))
                 ms, res = timed(
-                    lambda i=i, flt=flt: search(
+                    lambda i=i, flt=flt: search(  # type: ignore[misc]
                         conn,
                         vector=qvecs[i],
                         model="synthetic",
@@ -105,11 +105,12 @@ def run(url: str, rows: int, nq: int, skip_load: bool, k: int = 10) -> None:
         declare_stats(conn)
         conn.commit()
         for label, flt in SELECTIVITIES.items():
-            plain, with_stats = [], []
+            plain: list[float] = []
+            with_stats: list[float] = []
             for i in range(nq):
                 for want, times in ((False, plain), (True, with_stats)):
                     ms, _ = timed(
-                        lambda i=i, flt=flt, want=want: search(
+                        lambda i=i, flt=flt, want=want: search(  # type: ignore[misc]
                             conn,
                             qtexts[i],
                             vector=qvecs[i],

@@ -31,7 +31,9 @@ class HashEmbedder:
     dimension = DIM
 
     def embed(self, texts: Sequence[str]) -> np.ndarray[Any, np.dtype[np.float32]]:
-        return np.stack([hash_vector(t) for t in texts]) if texts else np.zeros((0, DIM))
+        if not texts:
+            return np.zeros((0, DIM), dtype=np.float32)
+        return np.stack([hash_vector(t) for t in texts]).astype(np.float32)
 
 
 def hash_vector(text: str, dim: int = DIM) -> np.ndarray[Any, np.dtype[np.float32]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 
 def declared_stats(
@@ -27,7 +28,7 @@ def declared_stats(
         {
             "t": doc_type,
             "ids": ids,
-            "c": None if containment is None else psycopg.types.json.Jsonb(containment),
+            "c": None if containment is None else Jsonb(containment),
         },
     ).fetchone()
     if row is None:

@@ -47,7 +47,7 @@ def _fits(type_name: str, value: Any) -> bool:
 
 def test_clubdata_documents_are_complete_typed_and_in_sync(clubdata: str) -> None:
     with psycopg.connect(clubdata) as conn:
-        counts = dict(
+        counts: dict[str, int] = dict(
             conn.execute("select doc_type, count(*) from pgrag.chunks group by 1").fetchall()
         )
         assert counts == {"club_member": 31, "club_facility": 9, "club_member_month": 60}
@@ -87,7 +87,9 @@ def test_clubdata_documents_are_complete_typed_and_in_sync(clubdata: str) -> Non
         assert orphans == (0,)
 
         # every metadata key is declared, and every value has its declared type
-        schemas = dict(conn.execute("select name, metadata_schema from pgrag.doc_types"))
+        schemas: dict[str, Any] = dict(
+            conn.execute("select name, metadata_schema from pgrag.doc_types")
+        )
         for doc_type, key, metadata in conn.execute(
             "select doc_type, source_key, metadata::text from pgrag.chunks"
         ):

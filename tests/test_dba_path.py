@@ -47,15 +47,17 @@ class Cluster:
     roles: list[str]
     databases: list[str]
 
-    def admin(self, statement: sql.Composable | str, dbname: str = "postgres") -> None:
+    def admin(self, statement: sql.Composed | str, dbname: str = "postgres") -> None:
         url = self.server.url_for(dbname)
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(statement if isinstance(statement, sql.Composable) else statement.encode())
+            conn.execute(statement if isinstance(statement, sql.Composed) else statement.encode())
 
     def role(self, options: str = "") -> str:
         name = f"pgrag_t_dba_{uuid.uuid4().hex[:8]}"
         self.roles.append(name)
-        self.admin(sql.SQL("create role {} login " + options).format(sql.Identifier(name)))  # type: ignore[arg-type]
+        self.admin(
+            sql.SQL("create role {} login {}").format(sql.Identifier(name), sql.SQL(options))
+        )
         return name
 
     def name(self, kind: str) -> str:

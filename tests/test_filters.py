@@ -157,7 +157,7 @@ def ref_field(type_name: str, md: dict[str, Any], key: str, op: str, x: Any) -> 
         has = present and isinstance(stored, list)
 
         def contains(e: Any) -> bool:
-            return has and any(json_eq(s, e) for s in stored)
+            return has and any(json_eq(s, e) for s in stored or [])
 
         wanted = x if isinstance(x, list) else [x]
         if op in ("$eq", "$contains"):
@@ -188,12 +188,14 @@ def ref_op(op: str, stored: Any, x: Any, type_name: str) -> bool:
             return False
     elif isinstance(stored, bool) or not isinstance(stored, int | float):
         return False
-    return {
-        "$gt": stored > x,
-        "$gte": stored >= x,
-        "$lt": stored < x,
-        "$lte": stored <= x,
-    }[op]
+    return bool(
+        {
+            "$gt": stored > x,
+            "$gte": stored >= x,
+            "$lt": stored < x,
+            "$lte": stored <= x,
+        }[op]
+    )
 
 
 # ---- compilation ----

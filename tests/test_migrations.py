@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psycopg
@@ -66,7 +67,7 @@ def test_downgrade_keeps_a_vector_extension_it_did_not_create(empty_db_url: str)
 
 def test_chunk_store_shape(db_url: str) -> None:
     with psycopg.connect(db_url) as conn:
-        cols = dict(
+        cols: dict[str, Any] = dict(
             conn.execute(
                 "select attname, format_type(atttypid, atttypmod) from pg_attribute "
                 "where attrelid = 'pgrag.chunks'::regclass and attnum > 0 and not attisdropped"

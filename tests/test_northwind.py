@@ -32,7 +32,7 @@ def northwind(db_url: str) -> str:
 
 def test_northwind_documents_are_complete_and_in_sync(northwind: str) -> None:
     with psycopg.connect(northwind) as conn:
-        counts = dict(
+        counts: dict[str, int] = dict(
             conn.execute("select doc_type, count(*) from pgrag.chunks group by 1").fetchall()
         )
         assert counts == {"nw_customer": 91, "nw_order": 830}
@@ -53,13 +53,13 @@ def test_northwind_documents_are_complete_and_in_sync(northwind: str) -> None:
 
 def test_one_order_line_change_rebuilds_exactly_its_order_and_customer(northwind: str) -> None:
     with psycopg.connect(northwind) as conn:
-        before = dict(conn.execute("select id, text from pgrag.chunks").fetchall())
+        before: dict[int, str] = dict(conn.execute("select id, text from pgrag.chunks").fetchall())
         conn.execute(
             "update public.order_details set quantity = quantity + 1 "
             "where order_id = 10248 and product_id = 11"
         )
         conn.execute("select pgrag.sync_now()")  # render now, not at commit: read them here
-        after = dict(conn.execute("select id, text from pgrag.chunks").fetchall())
+        after: dict[int, str] = dict(conn.execute("select id, text from pgrag.chunks").fetchall())
         changed = conn.execute(
             "select doc_type, source_key from pgrag.chunks where id = any(%s) order by 1",
             ([i for i in after if after[i] != before.get(i)],),

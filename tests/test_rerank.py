@@ -125,7 +125,7 @@ def tiny_cross_encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     folder = tmp_path_factory.mktemp("tiny-cross-encoder")
     torch.manual_seed(1234)
-    config = BertConfig(
+    config = BertConfig(  # type: ignore[call-arg]
         vocab_size=30522,
         hidden_size=32,
         num_hidden_layers=2,

@@ -283,7 +283,7 @@ def test_the_sql_api_equals_python_for_every_operator_and_mode(
     jf = None if flt is None else json.dumps(flt)
     vec = q.tolist()
 
-    def sql_rows(query: Any, params: tuple[Any, ...]) -> list[tuple[int, float]]:
+    def sql_rows(query: Any, params: tuple[Any, ...]) -> list[tuple[int, Any]]:
         rows = conn.execute(query, params).fetchall()
         return [(r[0], pytest.approx(r[1])) for r in rows]
 
