@@ -71,7 +71,7 @@ class SoakResult:
 
 
 def _one(conn: psycopg.Connection[Any], query: str, params: Any = None) -> Any:
-    row = conn.execute(query.encode() if params is None else query, params).fetchone()  # type: ignore[arg-type]
+    row = conn.execute(query.encode() if params is None else query, params).fetchone()
     return row[0] if row else None
 
 

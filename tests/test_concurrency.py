@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 import threading
 from collections import Counter
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -117,18 +118,20 @@ def test_upgrade_while_clients_search(db_url: str) -> None:
     threads = [threading.Thread(target=client, args=(m,), daemon=True) for m in modes]
     for t in threads:
         t.start()
+
+    def all_answered_since(seen: dict[str, int]) -> bool:
+        return bool(failed) or all(answered[m] > seen.get(m, 0) for m in modes)
+
     upgrades = 5
     try:
         for _ in range(upgrades):
-            seen = dict(answered)
             wait_for(
-                lambda seen=seen: failed or all(answered[m] > seen.get(m, 0) for m in modes),
+                partial(all_answered_since, dict(answered)),
                 "every client answered a search since the last upgrade",
             )
             migrate.upgrade(db_url)
-        seen = dict(answered)
         wait_for(
-            lambda: failed or all(answered[m] > seen.get(m, 0) for m in modes),
+            partial(all_answered_since, dict(answered)),
             "every client answered a search after the last upgrade",
         )
     finally:  # a failed upgrade must not leave the clients searching for the rest of the run

@@ -21,7 +21,7 @@ from pgrag.embed import RetryPolicy
 from pgrag.embed.onnx import OnnxEmbedder
 from pgrag.embed.openai import OpenAIEmbedder
 from pgrag.errors import ModelMismatch, NotMigrated
-from pgrag.worker import Worker, as_vector
+from pgrag.worker import DrainResult, Worker, as_vector
 
 from .conftest import PATIENCE_S, wait_for
 from .embed_server import (
@@ -157,7 +157,7 @@ def test_drain_stores_the_models_vectors(db_url: str) -> None:
 def test_concurrent_workers_embed_each_chunk_once(db_url: str) -> None:
     items = list(texts(120))
     insert(db_url, items)
-    results = []
+    results: list[DrainResult] = []
 
     def run() -> None:
         with Worker(db_url, model, batch_size=8) as w:
@@ -293,7 +293,10 @@ def test_another_model_is_refused_until_reembed(db_url: str, fake: FakeEmbedding
         assert w.drain().written == 6
     rows = stored(db_url)
     assert {m for _, _, m in rows.values()} == {"openai:fake-embed"}
-    assert all(np.allclose(v, fake_vector(t, 384), atol=1e-6) for t, v, _ in rows.values())
+    assert all(
+        v is not None and np.allclose(v, fake_vector(t, 384), atol=1e-6)
+        for t, v, _ in rows.values()
+    )
     # back to the default: every text comes from the content cache
     model = Recording(default_embedder())
     with Worker(db_url, model) as w:

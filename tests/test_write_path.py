@@ -168,7 +168,7 @@ def test_each_key_query_runs_once_per_statement(db_url: str) -> None:
             syncs = conn.execute(calls, ("sync_%",)).fetchone()
             stores = conn.execute(calls, ("store_%",)).fetchone()
         assert keys == (1,) and syncs == (2,) and stores == (2,)
-        reads = dict(
+        reads: dict[str, str] = dict(
             conn.execute(
                 "select doc_type || ' ' || source_table::text, coalesce(reads::text, 'null') "
                 "from pgrag.doc_watches where source_table = 'shop.order_items'::regclass"
