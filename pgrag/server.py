@@ -34,7 +34,8 @@ PG_MAJOR = "18"
 DATABASE = "pgrag"
 SUPERUSER = "postgres"
 SYSTEM_USER = "pgrag_postgres"
-START_TIMEOUT_S = 60
+# A hang guard for initdb, pg_ctl and the start lock: a loaded 2-core machine took over 60 s.
+START_TIMEOUT_S = 300
 # A Unix socket path must fit in sun_path (108 bytes on Linux), with room for ".s.PGSQL.5432".
 _MAX_SOCKET_DIR = 90
 

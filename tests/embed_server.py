@@ -22,6 +22,8 @@ import numpy as np
 from pgrag.embed.base import Vectors
 from pgrag.embed.sentence_transformers import SentenceTransformerEmbedder
 
+from .conftest import PATIENCE_S
+
 
 def fake_vector(text: str, dim: int) -> Vectors:
     """The fake server's deterministic, unit-length vector for a text."""
@@ -188,14 +190,14 @@ def start_cli(args: Sequence[str], env: dict[str, str]) -> subprocess.Popen[str]
 
 
 def run_cli(
-    args: Sequence[str], env: dict[str, str], timeout: float = 120
+    args: Sequence[str], env: dict[str, str], timeout: float = PATIENCE_S
 ) -> subprocess.CompletedProcess[str]:
     proc = start_cli(args, env)
     out, err = proc.communicate(timeout=timeout)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
-def wait_until(predicate: Any, timeout: float = 60, every: float = 0.05) -> None:
+def wait_until(predicate: Any, timeout: float = PATIENCE_S, every: float = 0.05) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:

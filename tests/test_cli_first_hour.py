@@ -145,7 +145,7 @@ def test_ctrl_c_during_embed_exits_130_and_keeps_what_was_embedded(
     fake.delay_s = 1.0  # 20 batches of 2: the signal comes while the first is at the embedder
     proc = start_cli(["embed", "--batch-size", "2"], cli_env(db_url, fake.env()))
     try:
-        wait_until(lambda: any(len(r["input"]) == 2 for r in fake.requests), timeout=120)
+        wait_until(lambda: any(len(r["input"]) == 2 for r in fake.requests))
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
     finally:

@@ -20,7 +20,7 @@ from pgrag import migrate
 from pgrag.errors import ConfigError, DimensionMismatch, PgragError
 from pgrag.server import bin_dir
 
-from .conftest import REPO
+from .conftest import PATIENCE_S, REPO
 
 
 def schema_dump(url: str) -> str:
@@ -204,14 +204,14 @@ def test_concurrent_upgrades_serialize(empty_db_url: str) -> None:
         for _ in range(3)
     ]
     for p in procs:
-        _, err = p.communicate(timeout=120)
+        _, err = p.communicate(timeout=PATIENCE_S)
         assert p.returncode == 0, err
     assert migrate.current(empty_db_url) == migrate.head()
     threads = [threading.Thread(target=migrate.upgrade, args=(empty_db_url,)) for _ in range(2)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(timeout=120)
+        t.join(timeout=PATIENCE_S)
         assert not t.is_alive()
 
 

@@ -38,3 +38,10 @@ def test_compose_file_gives_hnsw_builds_shared_memory_and_buffers() -> None:
     # Docker's default 64 MB /dev/shm breaks parallel HNSW builds (pgvector issue 453)
     assert int(shm[1]) * mb[shm[2].lower()] > int(work[1]) * mb[work[2].lower()]
     assert "shared_buffers=1GB" in compose
+
+
+def test_mypy_checks_the_tests_and_benchmarks_too() -> None:
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["mypy"]
+    assert config["strict"] is True and set(config["files"]) == {"pgrag", "tests", "bench"}

@@ -19,6 +19,7 @@ from pgrag.embed.registry import get_embedder
 from pgrag.errors import ConfigError, DimensionMismatch, DocumentError, InvalidFilter, ModelMismatch
 from pgrag.lab import synthetic
 
+from .conftest import PATIENCE_S
 from .search_plan import plan as _plan
 from .search_plan import run_plan as _run_plan
 from .search_plan import settings as _settings
@@ -167,7 +168,7 @@ def test_the_query_vector_reaches_any_cursor_and_connection(synthetic_url: str) 
         [sys.executable, "-c", code, synthetic_url, json.dumps(q.tolist())],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=PATIENCE_S,
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == expected
