@@ -24,7 +24,7 @@ from psycopg.types.json import Jsonb
 
 from pgrag import search as search_mod
 from pgrag.answer import Answer, Context, LLMConfig, answer, not_found_answer
-from pgrag.errors import ConfigError
+from pgrag.errors import ConfigError, DocumentError
 from pgrag.filters import check_filter
 from pgrag.limits import check_question
 from pgrag.parse import Link, ParsedQuery, parse_question
@@ -184,11 +184,18 @@ def ask(
     parsed = parse_question(question, vocabulary, today=today)
     notes = list(parsed.notes)
     flt: dict[str, Any] = dict(filter) if filter is not None else dict(parsed.filter)
-    if doc_types is not None:  # the caller's types: an undeclared one is an error, not dropped
-        check_filter(conn, {}, list(doc_types))
-    types = list(doc_types) if doc_types is not None else list(parsed.doc_types) or None
-    if types is not None:
-        types = [t for t in types if t in vocabulary.types] or None
+    types: list[str] | None
+    if doc_types is not None:  # the caller's types, searched as given: never dropped
+        check_filter(conn, {}, list(doc_types))  # DocumentError for an undeclared one
+        outside = sorted(set(doc_types) - set(among)) if among is not None else []
+        if outside:
+            raise DocumentError(
+                f"document type {outside[0]!r} is not among {', '.join(sorted(among or []))}: "
+                "pass doc_types within among, or widen among"
+            )
+        types = list(doc_types) or None
+    else:
+        types = [t for t in parsed.doc_types if t in vocabulary.types] or None
     want_stats = parsed.needs_stats if stats is None else stats
     missing: str | None = None
     if filter is None:

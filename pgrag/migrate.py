@@ -194,8 +194,10 @@ def upgrade_sql(
     """The upgrade from ``start`` (default: an empty database) to ``revision`` as one SQL
     script, without connecting (``alembic upgrade [START:]REVISION --sql``): a DBA reviews it,
     then runs it with ``psql -v ON_ERROR_STOP=1 -f``. It does what :func:`upgrade` does in its
-    transaction, but checks nothing beforehand (a wrong dimension or role name fails as the
-    script runs, and the transaction rolls back)."""
+    transaction, after a first statement that stops it unless the database is at ``start``;
+    the checks :func:`upgrade` makes beforehand in Python (a dimension or role names other than
+    those the database was migrated with) it does not make: on a migrated database the stored
+    ones stay."""
     from alembic import command
 
     options = MigrationOptions(
@@ -280,6 +282,7 @@ def preflight(url: str, options: MigrationOptions) -> None:
     """Checks that must fail before alembic starts: reachable, pgvector, same dimension."""
     with connect_once(url) as conn:
         _check_vector(conn)
+        _check_create(conn)
         migrated = conn.execute("select to_regclass('pgrag.settings') is not null").fetchone()
         if not migrated or not migrated[0]:
             return
@@ -293,6 +296,31 @@ def preflight(url: str, options: MigrationOptions) -> None:
                 f"not {options.dimension}: drop --dimension / PGRAG_EMBEDDING_DIM, "
                 f"or migrate a fresh database for the new dimension"
             )
+
+
+def _check_create(conn: psycopg.Connection[Any]) -> None:
+    """A first migration creates schemas pgrag and pgrag_docs (CREATE on the database) and the
+    version table in schema public (CREATE on it: only its owner has it since PostgreSQL 15)."""
+    row = conn.execute(
+        "select to_regnamespace('pgrag') is null"
+        "   and not has_database_privilege(current_database(), 'CREATE'),"
+        " to_regclass(%s) is null and not has_schema_privilege('public', 'CREATE'),"
+        " current_user, current_database()",
+        (f"public.{VERSION_TABLE}",),
+    ).fetchone()
+    assert row is not None
+    no_schema, no_public, user, database = row
+    if no_schema:
+        raise ConfigError(
+            f"{user} may not create schemas in database {database}: have its owner run "
+            f"`grant create on database {database} to {user};`, or migrate as the owner"
+        )
+    if no_public:
+        raise ConfigError(
+            f"{user} may not create tables in schema public, where pgrag keeps its revision "
+            f"({VERSION_TABLE}): have the owner run `grant create on schema public to {user};`, "
+            "or migrate as the database owner"
+        )
 
 
 def _check_vector(conn: psycopg.Connection[Any]) -> None:
@@ -419,8 +447,12 @@ def _run(context: Any, options: MigrationOptions) -> None:
             if at == head():
                 apply_idempotent(connection)
             elif at is None:  # base: nothing of pgrag stays, not even its version table
-                connection.exec_driver_sql(
-                    f"drop table if exists public.{VERSION_TABLE}"  # a constant, no input
+                driver = connection.connection.driver_connection
+                assert isinstance(driver, psycopg.Connection)
+                driver.execute(
+                    sql.SQL("drop table if exists {}").format(
+                        sql.Identifier("public", VERSION_TABLE)
+                    )
                 )
     engine.dispose()
 
@@ -445,6 +477,7 @@ def _run_offline(context: Any, options: MigrationOptions) -> None:
     with context.begin_transaction():
         out = context.get_context().impl.static_output
         out(_literal_sql("select pg_advisory_xact_lock({});", MIGRATION_LOCK_KEY))
+        out(_revision_guard(_resolve(context, context.get_context().opts.get("starting_rev"))))
         for name, value in session_settings(options).items():
             out(_literal_sql("select set_config({}, {}, true);", name, value))
         context.run_migrations()
@@ -453,6 +486,24 @@ def _run_offline(context: Any, options: MigrationOptions) -> None:
             for path in idempotent_files():
                 out(_sql_file_text(path))
             out(_sql_file_text(sql_dir() / "migrate" / "after_idempotent.sql"))
+
+
+def _revision_guard(start: str | None) -> str:
+    """The script's first statement: stop unless the database is at ``start`` (None: has no
+    pgrag yet), so a script made for another revision changes nothing."""
+    body = (
+        "do $guard$ declare at text; begin "
+        "if to_regclass('public.{table}') is not null then "
+        "execute 'select version_num from public.{table}' into at; end if; "
+        "if at is distinct from {start} then raise exception using errcode = 'PR006', "
+        "message = format('this script upgrades from revision %s, and the database is at %s', "
+        "coalesce({start}, 'base'), coalesce(at, 'base')), "
+        "hint = 'make the script from the database''s revision: pgrag db upgrade --sql "
+        "<revision>:head'; end if; end $guard$;"
+    )
+    return (
+        sql.SQL(body).format(table=sql.SQL(VERSION_TABLE), start=sql.Literal(start)).as_string(None)
+    )
 
 
 def _literal_sql(template: str, *values: object) -> str:

@@ -213,19 +213,41 @@ class EmbeddedServer:
 
     def _start_and_size(self) -> str:
         """Start the server; if its HNSW indexes outgrew shared_buffers, grow shared_buffers
-        (ALTER SYSTEM) and restart at once, before anyone else connects, saying so in one line."""
+        (ALTER SYSTEM) and restart at once, saying so in one line. Sizing never costs the
+        server: if it cannot be measured or set, or the server does not start with the new
+        size (memory overcommit limits, huge pages sized before), the server runs on with the
+        size it had, and a warning says why."""
         url = self._pg_ctl_start_ready()
         admin = with_database(url, "postgres")  # pgrag's database may not exist yet
-        index_mb, current_mb = self.hnsw_index_mb(admin), self._shared_buffers_mb(admin)
-        wanted = wanted_shared_buffers_mb(index_mb, memory_mb())
-        if wanted <= current_mb:
+        try:
+            index_mb, current_mb = self.hnsw_index_mb(admin), self._shared_buffers_mb(admin)
+            wanted = wanted_shared_buffers_mb(index_mb, memory_mb())
+            if wanted <= current_mb:
+                return url
+            with psycopg.connect(admin, autocommit=True) as conn:
+                conn.execute(
+                    sql.SQL("alter system set shared_buffers = {}").format(
+                        sql.Literal(f"{wanted}MB")
+                    )
+                )
+        except psycopg.Error as exc:  # e.g. allow_alter_system = off
+            _log.warning("pgrag: shared_buffers left as it is: %s", _last_line(str(exc)))
             return url
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(
-                sql.SQL("alter system set shared_buffers = {}").format(sql.Literal(f"{wanted}MB"))
-            )
         self._run(["pg_ctl", "-D", str(self.data_dir), "-w", "-m", "fast", "stop"])
-        url = self._pg_ctl_start_ready()
+        try:
+            url = self._pg_ctl_start_ready()
+        except ServerError:
+            self._forget_auto_setting("shared_buffers")  # back to the size it started with
+            url = self._pg_ctl_start_ready()
+            _log.warning(
+                "pgrag: the server did not start with shared_buffers %sMB (see %s): it runs "
+                "with %sMB; the HNSW indexes (%s MB) are read from the OS cache, slower",
+                wanted,
+                self.log_file,
+                current_mb,
+                f"{index_mb:,.0f}",
+            )
+            return url
         _log.warning(
             "pgrag: shared_buffers grown from %sMB to %sMB to hold the HNSW indexes (%s MB): "
             "searches read them from memory",
@@ -234,6 +256,13 @@ class EmbeddedServer:
             f"{index_mb:,.0f}",
         )
         return url
+
+    def _forget_auto_setting(self, name: str) -> None:
+        """Remove ``name`` from postgresql.auto.conf (ALTER SYSTEM RESET, server stopped)."""
+        path = self.data_dir / "postgresql.auto.conf"
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = [line for line in lines if line.split("=", 1)[0].strip() != name]
+        path.write_text("".join(kept), encoding="utf-8")
 
     def _pg_ctl_start_ready(self) -> str:
         self._pg_ctl_start()

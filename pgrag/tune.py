@@ -63,13 +63,17 @@ _CHUNKS: LiteralString = (
 )
 # `+ 0` keeps the planner off the HNSW index whatever the settings: the exact answer.
 _EXACT: LiteralString = (
-    "select id from pgrag.chunks where embedding is not null "
+    "select id, embedding <=> %(v)s::real[]::vector from pgrag.chunks "
+    "where embedding is not null "
     "order by (embedding <=> %(v)s::real[]::vector) + 0 limit %(n)s"
 )
 _INDEX: LiteralString = (
-    "select id from (select id, embedding <=> %(v)s::real[]::vector as d from pgrag.chunks "
+    "select id, d from (select id, embedding <=> %(v)s::real[]::vector as d from pgrag.chunks "
     "where embedding is not null order by d limit %(n)s) s order by d"
 )
+# A hit at the k-th exact distance or closer is right whichever of tied chunks it is: identical
+# texts have identical vectors, and the index may return another of the tie than exact search.
+_TIE = 1e-6
 _SETTINGS: LiteralString = (
     "select set_config('hnsw.iterative_scan', 'relaxed_order', true), "
     "set_config('hnsw.ef_search', %(ef)s, true), "
@@ -102,6 +106,21 @@ class TuneResult:
     previous: int | None
 
 
+def override(conn: psycopg.Connection[Any]) -> int | None:
+    """An ``ALTER DATABASE / ROLE ... SET pgrag.ef_search`` for this database or role (it
+    overrides the store's tuned value in new sessions), or None."""
+    row = conn.execute(
+        "select split_part(c, '=', 2) from pg_db_role_setting s, unnest(s.setconfig) c "
+        "where s.setdatabase in (0, (select oid from pg_database "
+        "                            where datname = current_database())) "
+        "  and s.setrole in (0, (select oid from pg_roles where rolname = current_user)) "
+        "  and c like 'pgrag.ef\\_search=%%' "
+        "order by s.setrole desc, s.setdatabase desc limit 1"
+    ).fetchone()
+    value = str(row[0]) if row and row[0] else ""
+    return int(value) if value.isdigit() and len(value) <= 4 else None
+
+
 def current_setting(conn: psycopg.Connection[Any]) -> int | None:
     """The tuned ef_search this session's searches use (an administrator's pgrag.ef_search
     setting, else the store's), or None."""
@@ -130,16 +149,33 @@ def _query_vectors(
     )
 
 
-def _ids(conn: psycopg.Connection[Any], stmt: LiteralString, v: Any, n: int) -> list[int]:
+def _ids(
+    conn: psycopg.Connection[Any], stmt: LiteralString, v: Any, n: int
+) -> list[tuple[int, float]]:
+    """(id, distance) of the nearest ``n``."""
     # never prepared: a cached generic plan would outlive the settings it was planned under
     rows = conn.execute(stmt, {"v": v.tolist(), "n": n}, prepare=False).fetchall()
-    return [int(r[0]) for r in rows]
+    return [(int(r[0]), float(r[1])) for r in rows]
 
 
-def _exact(conn: psycopg.Connection[Any], v: Any, n: int) -> list[int]:
+def _exact(conn: psycopg.Connection[Any], v: Any, n: int) -> list[tuple[int, float]]:
     with conn.transaction():
         conn.execute("set local enable_indexscan = off")
         return _ids(conn, _EXACT, v, n)
+
+
+def _recall(truth: list[tuple[int, float]], got: list[tuple[int, float]]) -> float:
+    """Recall of ``got`` against the exact ``truth`` (both without the query's own chunk),
+    counting a hit within the k-th exact distance as right (ties between duplicates)."""
+    if not truth:
+        return 1.0
+    ids, kth = {i for i, _ in truth}, truth[-1][1]
+    hits = sum(1 for i, d in got[: len(truth)] if i in ids or d <= kth + _TIE)
+    return min(hits, len(truth)) / len(truth)
+
+
+class TuneStopped(PgragError):
+    """``tune`` was asked to stop (the worker's stop event) before it finished."""
 
 
 def tune(
@@ -154,11 +190,19 @@ def tune(
     progress: Callable[[str, int, int], None] | None = None,
     tuned_by: str = "pgrag tune",
     chunk_target: float | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> TuneResult:
     """Measure recall@k against exact search along ``ladder``; unless ``apply`` is False,
     record the measurement (``pgrag.tuning``) and make the smallest ef_search reaching
     ``target`` the store's (``pgrag.settings.ef_search``). ``chunk_target``: the target
-    instead when the query vectors are the store's own chunks (they overstate recall)."""
+    instead when the query vectors are the store's own chunks (they overstate recall).
+    ``should_stop``: asked before each query; true ends the run with TuneStopped, recording
+    nothing."""
+
+    def check_stop() -> None:
+        if should_stop is not None and should_stop():
+            raise TuneStopped("tuning stopped before it finished: nothing recorded")
+
     if not 1 <= k <= 1000:
         raise ConfigError(f"k = {k} is out of range: use 1 to 1,000")
     if not 0 < target <= 1:
@@ -186,10 +230,10 @@ def tune(
             f"the store has {chunks} chunks with vectors: tuning needs more than k = {k}; "
             "embed first (pgrag embed)"
         )
-    truths: list[set[int]] = []
+    truths: list[list[tuple[int, float]]] = []
     for i, (v, self_id) in enumerate(zip(vecs, own, strict=True)):
-        ids = [x for x in _exact(conn, v, k + 1) if x != self_id][:k]
-        truths.append(set(ids))
+        check_stop()
+        truths.append([x for x in _exact(conn, v, k + 1) if x[0] != self_id][:k])
         if progress:
             progress("exact", i + 1, len(vecs))
     points: list[TunePoint] = []
@@ -197,13 +241,14 @@ def tune(
     for j, ef in enumerate(steps):
         recalls, times = [], []
         for v, self_id, truth in zip(vecs, own, truths, strict=True):
+            check_stop()
             with conn.transaction():
                 conn.execute(_SETTINGS, {"ef": str(ef)})
                 t = time.perf_counter()
                 got = _ids(conn, _INDEX, v, k + 1)
                 times.append((time.perf_counter() - t) * 1000)
-            got = [x for x in got if x != self_id][:k]
-            recalls.append(len(truth & set(got)) / max(len(truth), 1))
+            got = [x for x in got if x[0] != self_id][:k]
+            recalls.append(_recall(truth, got))
         point = TunePoint(
             ef_search=ef,
             recall=statistics.fmean(recalls),
@@ -260,12 +305,37 @@ def _record(conn: psycopg.Connection[Any], result: TuneResult, tuned_by: str) ->
 
 
 def maybe_tune(
-    conn: psycopg.Connection[Any], *, min_chunks: int = AUTO_MIN_CHUNKS
+    conn: psycopg.Connection[Any],
+    *,
+    min_chunks: int = AUTO_MIN_CHUNKS,
+    should_stop: Callable[[], bool] | None = None,
 ) -> TuneResult | None:
     """Tune (as the worker) when the store has ``min_chunks`` vectors or more and none was
     measured yet, or it grew or shrank ``AUTO_FACTOR``-fold since, or its model changed; None
-    when nothing needed it (or another session is tuning). Cheap when nothing is due: two
-    index counts and the last measurement."""
+    when nothing needed it, another session is tuning, or ``should_stop`` ended it. Cheap when
+    nothing is due: two index-only counts and the last measurement."""
+    if not _due(conn, min_chunks):
+        return None
+    got = conn.execute("select pg_try_advisory_lock(%s)", (TUNE_LOCK_KEY,)).fetchone()
+    if not got or not got[0]:
+        return None
+    try:
+        if not _due(conn, min_chunks):  # another worker measured it while we looked
+            return None
+        return tune(
+            conn,
+            target=AUTO_TARGET,
+            chunk_target=AUTO_CHUNK_TARGET,
+            tuned_by="worker",
+            should_stop=should_stop,
+        )
+    except TuneStopped:
+        return None
+    finally:
+        conn.execute("select pg_advisory_unlock(%s)", (TUNE_LOCK_KEY,))
+
+
+def _due(conn: psycopg.Connection[Any], min_chunks: int) -> bool:
     # every chunk (an index-only count) less those waiting for a vector (a partial index):
     # a few ms at 1,000,000 chunks, where counting the vectors themselves reads the heap
     with conn.transaction():
@@ -278,23 +348,15 @@ def maybe_tune(
             "                   order by id desc limit 1) t on true"
         ).fetchone()
     if row is None:
-        return None
+        return False
     n, model, last_chunks, last_model = int(row[0]), row[1], row[2], row[3]
     if n < min_chunks:
-        return None
-    if (
+        return False
+    return not (  # measured for this model, at a size within the factor: not due
         last_chunks is not None
         and last_model == model
         and last_chunks / AUTO_FACTOR < n < last_chunks * AUTO_FACTOR
-    ):
-        return None  # measured for this model, at a size within the factor
-    got = conn.execute("select pg_try_advisory_lock(%s)", (TUNE_LOCK_KEY,)).fetchone()
-    if not got or not got[0]:
-        return None
-    try:
-        return tune(conn, target=AUTO_TARGET, chunk_target=AUTO_CHUNK_TARGET, tuned_by="worker")
-    finally:
-        conn.execute("select pg_advisory_unlock(%s)", (TUNE_LOCK_KEY,))
+    )
 
 
 def store(conn: psycopg.Connection[Any], ef_search: int | None) -> None:

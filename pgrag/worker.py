@@ -23,6 +23,7 @@ connection: the next worker takes the batch again (from the cache where it can).
 
 from __future__ import annotations
 
+import logging
 import random
 import signal
 import threading
@@ -51,6 +52,8 @@ from pgrag.embed.base import (
 )
 from pgrag.errors import ConnectionFailed, PgragError, from_database
 from pgrag.tune import TuneResult, maybe_tune
+
+_log = logging.getLogger(__name__)
 
 NOTIFY_CHANNEL = "pgrag_chunks"  # chunks waiting for a vector
 RENDER_CHANNEL = "pgrag_render"  # documents waiting in the render queue
@@ -439,16 +442,22 @@ class Worker:
                 on_batch(batch)
             if batch.outage:
                 break  # every batch would wait out the same retries: report and stop
+        seconds = time.perf_counter() - started  # the embedding's, not the tuning's
         if self.auto_tune and total.claimed > 0 and not self.stop.is_set():
             self._maybe_tune()
-        return _with(total, seconds=time.perf_counter() - started, stopped=self.stop.is_set())
+        return _with(total, seconds=seconds, stopped=self.stop.is_set())
 
     def _maybe_tune(self) -> None:
-        """Recall out of the box: tune when the store grew or shrank twofold (a role that may
-        not record a measurement skips it; `pgrag status` shows the last one)."""
+        """Recall out of the box: tune when the store grew or shrank twofold (`pgrag status`
+        shows the last measurement). The vectors are stored already: a measurement that fails
+        (no privilege, a statement or lock timeout) is logged and skipped, never the run's
+        failure; a lost connection goes to the caller's reconnect logic; a stop ends it."""
         try:
-            tuned = maybe_tune(self.conn)
-        except psycopg.errors.InsufficientPrivilege:
+            tuned = maybe_tune(self.conn, should_stop=self.stop.is_set)
+        except (psycopg.Error, PgragError) as exc:
+            if connection_lost(exc):
+                raise
+            _log.warning("pgrag: recall not measured: %s", str(exc).strip().splitlines()[0])
             return
         if tuned is not None:
             self.last_tune = tuned

@@ -144,3 +144,13 @@ def test_an_undeclared_document_type_is_an_error_not_dropped(
             use_env_llm=False,
         )
     assert "customer_profile" in str(err.value)  # it names the declared types
+
+    with pytest.raises(DocumentError, match="not among"):
+        ask(
+            shop,
+            "Which customers returned headphones?",
+            doc_types=["customer_profile"],
+            among=["order_detail"],
+            embedder=default_embedder(),
+            use_env_llm=False,
+        )

@@ -325,3 +325,31 @@ def test_downgrade_sql_is_refused_in_one_line() -> None:
     assert plain.stdout == ""  # no partial script
     errors = [line for line in plain.stderr.splitlines() if not line.startswith("INFO ")]
     assert len(errors) == 1 and "run online only" in errors[0], plain.stderr
+
+
+def test_a_script_made_for_another_revision_changes_nothing(empty_db_url: str) -> None:
+    migrate.upgrade(empty_db_url, "0008")
+    script = migrate.upgrade_sql(start="0009")  # made for a database at 0009
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        with pytest.raises(psycopg.Error, match="upgrades from revision 0009.*is at 0008"):
+            conn.execute(script.encode())
+        conn.execute("rollback")
+    assert migrate.current(empty_db_url) == "0008"
+
+
+def test_a_role_without_create_on_schema_public_is_told_what_to_grant(cluster: Cluster) -> None:
+    # PostgreSQL 15+: only the database owner may create in schema public, where the version
+    # table lives; CREATE on the database alone is not enough
+    owner = cluster.role()
+    url = cluster.database(owner)
+    dbname = str(psycopg.conninfo.conninfo_to_dict(url)["dbname"])
+    dba = cluster.role()
+    cluster.admin(
+        sql.SQL("grant create on database {} to {}").format(
+            sql.Identifier(dbname), sql.Identifier(dba)
+        )
+    )
+    with pytest.raises(ConfigError, match="may not create tables in schema public") as err:
+        migrate.upgrade(as_user(url, dba))
+    assert f"grant create on schema public to {dba};" in str(err.value)
+    assert migrate.current(url) is None

@@ -58,3 +58,26 @@ def test_a_new_server_is_small_and_grows_at_a_start_when_its_index_outgrew_it(
         assert caplog.text == "" and shared_buffers(url) == "128MB"
     finally:
         server.stop()
+
+
+def test_a_size_the_server_cannot_start_with_leaves_it_running_as_it_was(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pgrag import server as server_module
+
+    server = EmbeddedServer(tmp_path / "data")
+    try:
+        server.start()
+        server.stop()
+        # more memory than the machine has: PostgreSQL refuses to start with it
+        monkeypatch.setattr(server_module, "wanted_shared_buffers_mb", lambda *_: 1_000_000)
+        with caplog.at_level(logging.WARNING, logger="pgrag.server"):
+            url = server.start()
+        assert shared_buffers(url) == "128MB"  # running, with the size it had
+        assert "did not start with shared_buffers 1000000MB" in caplog.text, caplog.text
+        assert "1000000" not in (tmp_path / "data" / "postgresql.auto.conf").read_text()
+        monkeypatch.undo()
+        server.stop()
+        assert shared_buffers(server.start()) == "128MB"  # and it starts again by itself
+    finally:
+        server.stop()

@@ -11,6 +11,7 @@ import pytest
 from pgvector.psycopg import register_vector
 
 import pgrag
+from pgrag import migrate
 from pgrag import tune as t
 from pgrag.errors import ConfigError, PgragError
 from pgrag.lab import synthetic
@@ -202,6 +203,61 @@ def test_an_administrators_setting_overrides_the_store_and_reset_removes_both(
         )
     with psycopg.connect(db_url, autocommit=True) as conn:
         assert t.current_setting(conn) == 300 and _search_ef(conn) == 300
+    out = run_pgrag(
+        "tune", "--queries", "10", "--target", "0.5", env={"PGRAG_DATABASE_URL": db_url}
+    )
+    assert out.returncode == 0 and "pgrag.ef_search = 300 is set" in out.stderr, out.stderr
+    with psycopg.connect(db_url, autocommit=True) as conn:
         t.store(conn, None)
     with psycopg.connect(db_url, autocommit=True) as conn:
         assert t.current_setting(conn) is None and _search_ef(conn) == 40
+
+
+def test_duplicate_chunks_do_not_hold_recall_below_the_target(db_url: str) -> None:
+    # identical texts have identical vectors: the index may return another of a tie than
+    # exact search did, which is just as right
+    rng = np.random.default_rng(3)
+    distinct = rng.normal(size=(150, DIM))
+    vecs = np.repeat(distinct, 10, axis=0)
+    vecs = (vecs / np.linalg.norm(vecs, axis=1, keepdims=True)).astype(np.float32)
+    synthetic.store(db_url, vecs, [f"text {i // 10}" for i in range(1_500)], [{}] * 1_500)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        register_vector(conn)
+        result = t.tune(conn, target=0.99, queries=20, ladder=(40, 80), apply=False)
+    assert result.chosen == 40 and result.points[0].recall >= 0.99, result.points
+
+
+def test_a_failed_measurement_is_logged_and_the_embedding_run_succeeds(db_url: str) -> None:
+    # the vectors are stored: a lock or statement timeout while measuring is not the run's
+    # failure (it used to exit 1, and kill a worker for good)
+    fake = FakeEmbeddings()
+    try:
+        _insert_chunks(db_url, 1, t.AUTO_MIN_CHUNKS)
+        with psycopg.connect(db_url) as holder:
+            holder.execute("lock table pgrag.tuning in exclusive mode")  # until rollback
+            url = db_url + ("&" if "?" in db_url else "?") + "options=-c%20lock_timeout%3D1s"
+            out = run_pgrag("embed", env={"PGRAG_DATABASE_URL": url, **fake.env()})
+            holder.rollback()
+    finally:
+        fake.close()
+    assert out.returncode == 0, out.stderr
+    assert "recall not measured" in out.stderr and "lock timeout" in out.stderr, out.stderr
+    assert _measurements(db_url) == []
+
+
+def test_an_earlier_releases_database_default_moves_into_the_store(empty_db_url: str) -> None:
+    # before 0010, tune stored ALTER DATABASE ... SET pgrag.ef_search, which would now override
+    # every later tuning: the migration moves it into pgrag.settings and resets it
+    migrate.upgrade(empty_db_url, "0009")
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        conn.execute(
+            "do $$ begin execute format('alter database %I set pgrag.ef_search = 130', "
+            "current_database()); end $$"
+        )
+    migrate.upgrade(empty_db_url)
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        row = conn.execute(
+            "select current_setting('pgrag.ef_search', true), ef_search from pgrag.settings"
+        ).fetchone()
+        assert row is not None and not row[0] and row[1] == 130
+        assert t.current_setting(conn) == 130

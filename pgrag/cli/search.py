@@ -354,13 +354,20 @@ def tune(
     """
     from pgrag.cli.options import rebuild_progress
     from pgrag.db import connect
-    from pgrag.tune import MIN_QUESTIONS, store
+    from pgrag.tune import MIN_QUESTIONS, override, store
     from pgrag.tune import tune as run
 
     with connect(url_of(ctx)) as client, client.connection() as conn:
         if reset:
             store(conn, None)
             click.echo("the store's ef_search removed: searches use 2 x candidates (at least 40)")
+            still = override(conn)
+            if still is not None:
+                click.echo(
+                    f"note: pgrag.ef_search = {still} is still set for this database or role "
+                    "(only its owner may reset it): `alter database <db> reset pgrag.ef_search`",
+                    err=True,
+                )
             return
         result = run(
             conn,
@@ -370,6 +377,7 @@ def tune(
             apply=not dry_run,
             progress=None if as_json else rebuild_progress("step"),
         )
+        overridden = override(conn)
     if as_json:
         click.echo(_dump(result))
         return
@@ -390,6 +398,13 @@ def tune(
         ctx.exit(1)
     verb = "stored as the store's" if result.applied else "not stored (--dry-run)"
     click.echo(f"ef_search {result.chosen}: {verb} (was {result.previous or 'unset'})")
+    if overridden is not None and overridden != result.chosen:
+        click.echo(
+            f"note: pgrag.ef_search = {overridden} is set for this database or role and overrides "
+            "the store's value: the owner runs `alter database <db> reset pgrag.ef_search` (or "
+            "`alter role <role> reset pgrag.ef_search`)",
+            err=True,
+        )
     if result.source == "chunks":
         click.echo(
             "note: chunk vectors are already in the graph, so new questions get lower recall at "

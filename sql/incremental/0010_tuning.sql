@@ -29,3 +29,32 @@ create table pgrag.tuning (
 comment on table pgrag.tuning is
     'Each measurement of HNSW recall against exact search: the smallest ef_search reaching the '
     'target recall@k, on held-out vectors of the store (pgrag/tune.py)';
+
+-- Before 0010, `pgrag tune` stored its value as a database default (ALTER DATABASE ... SET
+-- pgrag.ef_search), which now reads as an administrator's override of every later tuning:
+-- move it into the store, and remove the database default when the migrating role may.
+do $$
+declare
+    v text;
+begin
+    select split_part(c, '=', 2) into v
+      from pg_catalog.pg_db_role_setting s, unnest(s.setconfig) c
+     where s.setdatabase = (select oid from pg_catalog.pg_database
+                             where datname = current_database())
+       and s.setrole = 0 and c like 'pgrag.ef\_search=%';
+    if v is null or v !~ '^[0-9]{1,4}$' or v::integer not between 1 and 1000 then
+        return;
+    end if;
+    update pgrag.settings set ef_search = v::integer;
+    if pg_catalog.pg_has_role((select datdba from pg_catalog.pg_database
+                                where datname = current_database()), 'USAGE') then
+        execute format('alter database %I reset pgrag.ef_search', current_database());
+    else
+        raise warning using
+            message = format('pgrag.ef_search = %s is set for database %s and overrides the '
+                             'store''s tuning', v, current_database()),
+            hint = format('have the database owner run `alter database %I reset '
+                          'pgrag.ef_search;`', current_database());
+    end if;
+end
+$$;
