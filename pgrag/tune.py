@@ -191,13 +191,16 @@ def tune(
     tuned_by: str = "pgrag tune",
     chunk_target: float | None = None,
     should_stop: Callable[[], bool] | None = None,
+    store_best: bool = False,
 ) -> TuneResult:
     """Measure recall@k against exact search along ``ladder``; unless ``apply`` is False,
     record the measurement (``pgrag.tuning``) and make the smallest ef_search reaching
     ``target`` the store's (``pgrag.settings.ef_search``). ``chunk_target``: the target
     instead when the query vectors are the store's own chunks (they overstate recall).
     ``should_stop``: asked before each query; true ends the run with TuneStopped, recording
-    nothing."""
+    nothing. ``store_best``: when no value reaches the target, store the one that came closest
+    (the smallest within 0.005 of the best recall) rather than nothing: the graph is the limit,
+    and the best it gives beats the search's floor (the worker's choice)."""
 
     def check_stop() -> None:
         if should_stop is not None and should_stop():
@@ -273,14 +276,17 @@ def tune(
         previous=previous,
     )
     if apply:
-        _record(conn, result, tuned_by)
+        _record(conn, result, tuned_by, store_best)
     return result
 
 
-def _record(conn: psycopg.Connection[Any], result: TuneResult, tuned_by: str) -> None:
-    """The measurement into pgrag.tuning and, when a value reached the target, the store's
-    ef_search, in one transaction."""
-    best = max(result.points, key=lambda p: (p.recall, -p.ef_search))
+def _record(
+    conn: psycopg.Connection[Any], result: TuneResult, tuned_by: str, store_best: bool
+) -> None:
+    """The measurement into pgrag.tuning and, when a value reached the target (or
+    ``store_best``), the store's ef_search, in one transaction."""
+    top = max(p.recall for p in result.points)
+    best = min((p for p in result.points if p.recall >= top - 0.005), key=lambda p: p.ef_search)
     reached = next((p for p in result.points if p.ef_search == result.chosen), None)
     with conn.transaction():
         conn.execute(
@@ -300,8 +306,9 @@ def _record(conn: psycopg.Connection[Any], result: TuneResult, tuned_by: str) ->
                 "by": tuned_by,
             },
         )
-        if result.chosen is not None:
-            conn.execute("update pgrag.settings set ef_search = %s", (result.chosen,))
+        stored = result.chosen if result.chosen is not None or not store_best else best.ef_search
+        if stored is not None:
+            conn.execute("update pgrag.settings set ef_search = %s", (stored,))
 
 
 def maybe_tune(
@@ -328,6 +335,7 @@ def maybe_tune(
             chunk_target=AUTO_CHUNK_TARGET,
             tuned_by="worker",
             should_stop=should_stop,
+            store_best=True,
         )
     except TuneStopped:
         return None

@@ -261,3 +261,20 @@ def test_an_earlier_releases_database_default_moves_into_the_store(empty_db_url:
         ).fetchone()
         assert row is not None and not row[0] and row[1] == 130
         assert t.current_setting(conn) == 130
+
+
+def test_the_worker_stores_the_best_value_when_the_graph_cannot_reach_the_target(
+    db_url: str,
+) -> None:
+    # at 1,000,000 chunks the default graph reached 0.938 of 0.99: searching at the floor
+    # (recall 0.53) would be worse than at the best value the graph gives
+    _load(db_url, rows=1_000)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        register_vector(conn)
+        result = t.tune(conn, target=1.0, queries=10, ladder=(1, 2), store_best=True)
+        if result.chosen is None:  # the usual case: ef_search 1 and 2 find few neighbours
+            top = max(p.recall for p in result.points)
+            best = min(p.ef_search for p in result.points if p.recall >= top - 0.005)
+            assert t.current_setting(conn) == best
+            row = conn.execute("select ef_search, best_ef_search from pgrag.tuning").fetchone()
+            assert row == (None, best)

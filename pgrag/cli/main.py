@@ -627,8 +627,9 @@ def status(state: _State) -> None:
             chosen = (
                 f"ef_search {t['ef_search']}, recall@{t['k']} {t['recall']:.3f}"
                 if t["ef_search"] is not None
-                else f"no ef_search reached {t['target']:g} (best {t['recall']:.3f} at "
-                f"{t['best_ef_search']}: rebuild the index denser, docs/search.md)"
+                else f"no ef_search reached {t['target']:g}: searches use "
+                f"{t['best_ef_search']}, the best the index graph gives ({t['recall']:.3f}); "
+                "rebuild it denser (docs/search.md, 'Tuning')"
             )
             click.echo(
                 f"recall:     {chosen}, measured {str(t['measured_at'])[:16].replace('T', ' ')} at "
