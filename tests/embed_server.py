@@ -38,7 +38,8 @@ class FakeEmbeddings:
 
     ``script`` holds (status, headers) answers to give before serving normally; ``always``
     answers every request with a status; texts containing ``poison`` get a 400; ``dim_override``
-    returns vectors of the wrong size; ``delay_s`` sleeps before answering.
+    returns vectors of the wrong size; while ``gate`` is set to an unset Event, requests wait
+    for it (a test holds a batch at the embedder, then lets it go).
     """
 
     dim: int = 384
@@ -46,7 +47,7 @@ class FakeEmbeddings:
     always: int | None = None
     poison: str | None = None
     dim_override: int | None = None
-    delay_s: float = 0.0
+    gate: threading.Event | None = None
     requests: list[dict[str, Any]] = field(default_factory=list)
     started: threading.Event = field(default_factory=threading.Event)
 
@@ -61,8 +62,8 @@ class FakeEmbeddings:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 fake.requests.append(body)
                 fake.started.set()
-                if fake.delay_s:
-                    time.sleep(fake.delay_s)
+                if fake.gate is not None:
+                    fake.gate.wait(PATIENCE_S)
                 if not self.path.endswith("/embeddings"):
                     return self._answer(404, {"error": {"message": "no such route"}})
                 if fake.script:

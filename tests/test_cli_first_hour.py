@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from pgrag.cli import cli
 from pgrag.embed.progress import EmbedProgress, duration
 from pgrag.server import EmbeddedServer
 
-from .conftest import run_pgrag
+from .conftest import PATIENCE_S, run_pgrag
 from .embed_server import FakeEmbeddings, cli_env, start_cli, texts, wait_until
 
 
@@ -142,12 +143,13 @@ def test_ctrl_c_during_embed_exits_130_and_keeps_what_was_embedded(
     db_url: str, fake: FakeEmbeddings
 ) -> None:
     insert_chunks(db_url, 40)
-    fake.delay_s = 1.0  # 20 batches of 2: the signal comes while the first is at the embedder
+    fake.gate = threading.Event()  # 20 batches of 2: the first waits at the embedder
     proc = start_cli(["embed", "--batch-size", "2"], cli_env(db_url, fake.env()))
     try:
         wait_until(lambda: any(len(r["input"]) == 2 for r in fake.requests))
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
+        proc.send_signal(signal.SIGINT)  # while that batch is at the embedder
+        fake.gate.set()
+        out, err = proc.communicate(timeout=PATIENCE_S)
     finally:
         if proc.poll() is None:
             proc.kill()
