@@ -154,6 +154,7 @@ def test_embedding_tunes_the_store_out_of_the_box_and_again_when_it_doubles(
         _insert_chunks(db_url, t.AUTO_MIN_CHUNKS, 200)
         out = run_pgrag("embed", env=env)
         assert out.returncode == 0, out.stderr
+        assert f"measured recall at {t.AUTO_MIN_CHUNKS + 199:,} chunks on 50 chunks" in out.stdout
         (first,) = _measurements(db_url)
         chunks, by, ef, recall, target = first
         # no questions in the query cache: measured on chunk vectors, with their margin

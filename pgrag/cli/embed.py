@@ -15,6 +15,7 @@ from pgrag.cli.options import embedder_option, url_of
 from pgrag.embed.base import Embedder
 from pgrag.embed.progress import EmbedProgress
 from pgrag.errors import EmbeddingFailed
+from pgrag.tune import TuneResult
 from pgrag.worker import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_POLL_S,
@@ -65,6 +66,19 @@ def _stopped(ctx: click.Context, result: DrainResult, command: str) -> None:
         err=True,
     )
     ctx.exit(130)
+
+
+def _tuned(result: TuneResult) -> str:
+    """The recall measurement the run took (the store doubled or halved), in one line."""
+    top = max(result.points, key=lambda p: p.recall)
+    chosen = (
+        f"ef_search {result.chosen} reaches recall@{result.k} {result.target:g}"
+        if result.chosen is not None
+        else f"no ef_search reaches recall@{result.k} {result.target:g} (best "
+        f"{top.recall:.3f}): the index graph is the limit (docs/search.md, 'Tuning')"
+    )
+    where = f"{result.chunks:,} chunks on {result.queries} {result.source}"
+    return f"measured recall at {where}: {chosen}"
 
 
 def _summary(result: DrainResult) -> str:
@@ -134,6 +148,8 @@ def embed(
             return
         result = _drain_with_progress(worker, queue.waiting)
         click.echo(_summary(result))
+        if worker.last_tune is not None:
+            click.echo(_tuned(worker.last_tune))
         if result.stopped:
             _stopped(ctx, result, "pgrag embed")
         _report_failures(worker, result, worker.queue().given_up)
