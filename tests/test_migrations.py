@@ -434,3 +434,12 @@ def test_a_reader_role_that_would_see_every_tenant_is_refused(empty_db_url: str)
     finally:
         with psycopg.connect(empty_db_url, autocommit=True) as conn:
             conn.execute("revoke pgrag_t_w2 from pgrag_t_r2")
+
+
+def test_the_head_revision_is_alembics() -> None:
+    # read from the revision files without loading alembic (every command checks it)
+    from alembic.script import ScriptDirectory
+
+    script = ScriptDirectory(str(migrate.alembic_dir()))
+    assert migrate.head() == script.get_current_head()
+    assert [r for r, _ in migrate.history()][-1] == migrate.head()
