@@ -16,6 +16,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -69,7 +70,7 @@ def _docker_answers() -> bool:
 
 
 @pytest.fixture(scope="session")
-def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestServer]:
+def pg_server() -> Iterator[TestServer]:
     url = os.environ.get("PGRAG_TEST_DATABASE_URL")
     if url:
         yield TestServer(url, "PGRAG_TEST_DATABASE_URL")
@@ -80,7 +81,10 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestServer]:
         with PostgresContainer("pgvector/pgvector:pg17", driver=None) as pg:
             yield TestServer(pg.get_connection_url(), "testcontainers pgvector/pgvector:pg17")
         return
-    server = EmbeddedServer(tmp_path_factory.mktemp("pg"))
+    # Not under pytest's basetemp: another pytest session on the machine prunes all but the
+    # newest three of those, and took this server's data directory away mid-run.
+    data = Path(tempfile.mkdtemp(prefix="pgrag-test-pg-"))
+    server = EmbeddedServer(data / "pg")
     server.start()
     url = server.running_url()
     assert url is not None
@@ -88,6 +92,7 @@ def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestServer]:
         yield TestServer(with_dbname(url, "postgres"), f"embedded server in {server.data_dir}")
     finally:
         server.stop()
+        shutil.rmtree(data, ignore_errors=True)
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:  # noqa: ARG001
