@@ -208,13 +208,20 @@ def worker_tuning(url: str) -> str:
         register_vector(conn)
         tune.maybe_tune(conn)
         row = conn.execute(
-            "select ef_search, recall, chunks, source from pgrag.tuning order by id desc limit 1"
+            "select ef_search, recall, chunks, source, best_ef_search, target "
+            "from pgrag.tuning order by id desc limit 1"
         ).fetchone()
     if row is None:
         return "not tuned (fewer vectors than the worker's minimum)"
+    chosen = (
+        f"ef_search {row[0]}, recall {row[1]:.3f}"
+        if row[0] is not None
+        else f"no ef_search reached {row[5]:g}; the closest, {row[4]} (recall {row[1]:.3f}), "
+        "stored: the index graph is the limit"
+    )
     return (
-        f"out of the box (the worker's measurement after embedding, on {row[3]} of the store): "
-        f"ef_search {row[0]}, recall {row[1]:.3f} at {row[2]:,} chunks"
+        f"out of the box (the worker's measurement after embedding, on {row[3]} of the store, "
+        f"at {row[2]:,} chunks): {chosen}"
     )
 
 
