@@ -8,18 +8,20 @@ every connection has the pgvector types registered.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 import psycopg
 from pgvector.psycopg import register_vector
 from psycopg.rows import class_row
 from psycopg.types import TypeInfo
-from psycopg_pool import AsyncConnectionPool, ConnectionPool
+from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolTimeout
 
 from pgrag import documents, security
+from pgrag import replicas as routing
 
 if TYPE_CHECKING:
     from pgrag.ask import AskArgs, AskResult
@@ -44,6 +46,9 @@ def _pool_options(min_size: int, max_size: int, name: str) -> dict[str, Any]:
         "open": False,
         "name": name,
     }
+
+
+_T = TypeVar("_T")
 
 
 def _configure(conn: psycopg.Connection[Any], tenant: str | None = None) -> None:
@@ -87,23 +92,57 @@ class Client:
     Use as a context manager, or call ``close()``. With ``tenant``, every connection's session
     has ``pgrag.tenant`` set to it (docs/security.md); ``tenant=`` on a call overrides it for
     that call.
+
+    With ``replicas`` (streaming standbys of ``url``), or a multi-host ``url``, reads (search,
+    stats, context, ask, ``reading()``) go to the replicas in turn, skipping one that is down,
+    and everything else to the primary (docs/scaling.md). ``read_your_writes`` (here for every
+    read, or per call) makes a read wait until its replica has replayed this client's last
+    write, up to ``replay_wait_s``, then read from the primary instead.
     """
 
     def __init__(
-        self, url: str, *, min_size: int = 1, max_size: int = 8, tenant: str | None = None
+        self,
+        url: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 8,
+        tenant: str | None = None,
+        replicas: Sequence[str] = (),
+        read_your_writes: bool = False,
+        replay_wait_s: float = routing.REPLAY_WAIT_S,
     ) -> None:
-        self.url = url
+        writer, reader = routing.split_url(url)
+        readers = routing.check_urls(replicas) or ([reader] if reader else [])
+        self.url = writer
+        self.replicas = readers
+        self.read_your_writes = read_your_writes
+        self.replay_wait_s = replay_wait_s
         self.tenant = None if tenant is None else security.check_tenant(tenant)
+        self._written_lsn: str | None = None
+        self._lsn_lock = threading.Lock()
+        self._rotation = routing.Rotation(len(readers))
         self._pool = ConnectionPool(
-            url,
+            writer,
             configure=lambda conn: _configure(conn, self.tenant),
             **_pool_options(min_size, max_size, "pgrag"),
         )
+        self._readers = [
+            ConnectionPool(
+                r,
+                configure=lambda conn: _configure(conn, self.tenant),
+                **_pool_options(min_size, max_size, f"pgrag-replica-{i}"),
+            )
+            for i, r in enumerate(readers)
+        ]
         self._pool.open(wait=True, timeout=CONNECT_TIMEOUT_S * 2)
+        for pool in self._readers:
+            pool.open(wait=False)  # a replica down at start is skipped, not fatal
 
     # ---- lifecycle ----
 
     def close(self) -> None:
+        for pool in self._readers:
+            pool.close()
         self._pool.close()
 
     def __enter__(self) -> Client:
@@ -114,16 +153,111 @@ class Client:
 
     @contextlib.contextmanager
     def connection(self, *, tenant: str | None = None) -> Iterator[psycopg.Connection[Any]]:
-        """A pooled connection; database errors pgrag raised itself become PgragErrors.
+        """A pooled connection to the primary; database errors pgrag raised itself become
+        PgragErrors.
 
-        With ``tenant``, the block runs in one transaction as that tenant.
+        With ``tenant``, the block runs in one transaction as that tenant. With replicas, the
+        block is committed when it ends and its position in the primary's WAL noted: a read
+        with read_your_writes waits for it.
         """
+        with self._pool.connection() as conn:
+            with mapped_database_errors(), security.tenant_scope(conn, tenant):
+                yield conn
+            if self._readers:
+                if not conn.autocommit:
+                    conn.commit()
+                row = conn.execute(routing.WRITTEN_LSN).fetchone()
+                self.wrote(str(row[0]) if row else None)
+
+    def wrote(self, lsn: str | None = None) -> None:
+        """Note a write made outside this client (its LSN, e.g. from
+        ``pg_current_wal_insert_lsn()`` after the commit; None: the primary's position now):
+        reads with read_your_writes wait until their replica has it."""
+        if lsn is None:
+            with self._pool.connection() as conn:
+                row = conn.execute(routing.WRITTEN_LSN).fetchone()
+            lsn = str(row[0]) if row else None
+        with self._lsn_lock:
+            self._written_lsn = routing.later_lsn(self._written_lsn, lsn)
+
+    def _wanted_lsn(self, read_your_writes: bool | None) -> str | None:
+        fresh = self.read_your_writes if read_your_writes is None else read_your_writes
+        if not fresh:
+            return None
+        with self._lsn_lock:
+            return self._written_lsn
+
+    @contextlib.contextmanager
+    def _reader(
+        self, lsn: str | None, probe: bool
+    ) -> Iterator[tuple[int | None, psycopg.Connection[Any]]]:
+        """(replica index or None for the primary, connection) for one read: the replicas in
+        turn, skipping those down (a failed connection or probe marks one down); one that has
+        not replayed ``lsn`` within replay_wait_s sends the read to the primary."""
+        for i in self._rotation.order():
+            with contextlib.ExitStack() as stack:
+                try:
+                    conn = stack.enter_context(
+                        self._readers[i].connection(timeout=routing.REPLICA_CONNECT_S)
+                    )
+                    ready = True
+                    if lsn is not None or probe:
+                        ready = routing.replayed(conn, lsn or "0/0", self.replay_wait_s)
+                except PoolTimeout:
+                    self._rotation.down(i)
+                    continue
+                except psycopg.Error as exc:
+                    if not routing.is_server_failure(exc, None):
+                        raise
+                    self._rotation.down(i)
+                    continue
+                if ready:
+                    yield i, conn
+                    return
+            break  # behind the caller's write: the primary has it
+        with self._pool.connection() as conn:
+            yield None, conn
+
+    @contextlib.contextmanager
+    def reading(
+        self, *, tenant: str | None = None, read_your_writes: bool | None = None
+    ) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection for reads: a replica that answers (and, with read_your_writes,
+        has this client's last write), else the primary. Without replicas, the primary."""
+        lsn = self._wanted_lsn(read_your_writes)
         with (
-            self._pool.connection() as conn,
+            self._reader(lsn, probe=bool(self._readers)) as (_, conn),
             mapped_database_errors(),
             security.tenant_scope(conn, tenant),
         ):
             yield conn
+
+    def _read(
+        self,
+        fn: Callable[[psycopg.Connection[Any]], _T],
+        tenant: str | None,
+        read_your_writes: bool | None,
+    ) -> _T:
+        """``fn`` on a reading connection; when its replica fails under it (gone, shutting
+        down, a conflict with replay), again on the next, down to the primary."""
+        lsn = self._wanted_lsn(read_your_writes)
+        while True:
+            used: int | None = None
+            conn: psycopg.Connection[Any] | None = None
+            try:
+                with (
+                    self._reader(lsn, probe=False) as (used, conn),
+                    mapped_database_errors(),
+                    security.tenant_scope(conn, tenant),
+                ):
+                    result = fn(conn)
+                if used is not None:
+                    self._rotation.up(used)
+                return result
+            except Exception as exc:
+                if used is None or not routing.is_server_failure(exc, conn):
+                    raise
+                self._rotation.down(used)
 
     # ---- the store ----
 
@@ -227,15 +361,15 @@ class Client:
         options: SearchOptions | None = None,
         *,
         tenant: str | None = None,
+        fresh: bool | None = None,
         **args: Unpack[SearchArgs],
     ) -> SearchResult:
         """One-statement hybrid search (``pgrag.search.search``): the question, then a
         ``SearchOptions`` and/or its fields as keywords. ``tenant`` searches as that tenant
-        (default: the Client's)."""
+        (default: the Client's); ``fresh`` overrides the Client's read_your_writes."""
         from pgrag.search import search
 
-        with self.connection(tenant=tenant) as conn:
-            return search(conn, query, options, **args)
+        return self._read(lambda conn: search(conn, query, options, **args), tenant, fresh)
 
     def stats(
         self,
@@ -243,30 +377,42 @@ class Client:
         filter: Mapping[str, Any] | None = None,
         doc_types: Sequence[str] | None = None,
         tenant: str | None = None,
+        fresh: bool | None = None,
     ) -> dict[str, Any]:
         """Exact aggregates over the source rows matching a filter (``pgrag.search.stats``)."""
         from pgrag.search import stats
 
-        with self.connection(tenant=tenant) as conn:
-            return stats(conn, filter=filter, doc_types=doc_types)
+        return self._read(
+            lambda conn: stats(conn, filter=filter, doc_types=doc_types), tenant, fresh
+        )
 
     def context(
-        self, chunk_id: int, *, max_children: int = 20, tenant: str | None = None
+        self,
+        chunk_id: int,
+        *,
+        max_children: int = 20,
+        tenant: str | None = None,
+        fresh: bool | None = None,
     ) -> list[ContextRow]:
         """A chunk with its parent and children (``pgrag.search.context``)."""
         from pgrag.search import context
 
-        with self.connection(tenant=tenant) as conn:
-            return context(conn, chunk_id, max_children=max_children)
+        return self._read(
+            lambda conn: context(conn, chunk_id, max_children=max_children), tenant, fresh
+        )
 
     def ask(
-        self, question: str, *, tenant: str | None = None, **args: Unpack[AskArgs]
+        self,
+        question: str,
+        *,
+        tenant: str | None = None,
+        fresh: bool | None = None,
+        **args: Unpack[AskArgs],
     ) -> AskResult:
         """Question → filters → search → rerank → grounded answer (``pgrag.ask.ask``)."""
         from pgrag.ask import ask
 
-        with self.connection(tenant=tenant) as conn:
-            return ask(conn, question, **args)
+        return self._read(lambda conn: ask(conn, question, **args), tenant, fresh)
 
     # ---- filter indexes (pgrag/filter_index.py) ----
 
@@ -348,25 +494,53 @@ class AsyncClient:
     ``async with await pgrag.aconnect(url) as client:``, then ``await client.search(...)``,
     ``stats``, ``context``, ``status``. The search is the same plan and statement as the sync
     client's (``pgrag.search._plan``); declarations, rebuilds and the worker stay on the sync
-    ``Client`` (they are not request-path work).
+    ``Client`` (they are not request-path work). ``replicas``, a multi-host ``url``,
+    ``read_your_writes`` and ``fresh`` route reads as ``Client``'s do.
     """
 
     def __init__(
-        self, url: str, *, min_size: int = 1, max_size: int = 8, tenant: str | None = None
+        self,
+        url: str,
+        *,
+        min_size: int = 1,
+        max_size: int = 8,
+        tenant: str | None = None,
+        replicas: Sequence[str] = (),
+        read_your_writes: bool = False,
+        replay_wait_s: float = routing.REPLAY_WAIT_S,
     ) -> None:
-        self.url = url
+        writer, reader = routing.split_url(url)
+        readers = routing.check_urls(replicas) or ([reader] if reader else [])
+        self.url = writer
+        self.replicas = readers
+        self.read_your_writes = read_your_writes
+        self.replay_wait_s = replay_wait_s
         self.tenant = None if tenant is None else security.check_tenant(tenant)
+        self._written_lsn: str | None = None
+        self._rotation = routing.Rotation(len(readers))
         self._pool = AsyncConnectionPool(
-            url,
+            writer,
             configure=lambda conn: _aconfigure(conn, self.tenant),
             **_pool_options(min_size, max_size, "pgrag-async"),
         )
+        self._readers = [
+            AsyncConnectionPool(
+                r,
+                configure=lambda conn: _aconfigure(conn, self.tenant),
+                **_pool_options(min_size, max_size, f"pgrag-async-replica-{i}"),
+            )
+            for i, r in enumerate(readers)
+        ]
 
     async def open(self) -> AsyncClient:
         await self._pool.open(wait=True, timeout=CONNECT_TIMEOUT_S * 2)
+        for pool in self._readers:
+            await pool.open(wait=False)
         return self
 
     async def close(self) -> None:
+        for pool in self._readers:
+            await pool.close()
         await self._pool.close()
 
     async def __aenter__(self) -> AsyncClient:
@@ -379,10 +553,92 @@ class AsyncClient:
     async def connection(
         self, *, tenant: str | None = None
     ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """A pooled async connection; with ``tenant``, one transaction as that tenant."""
-        async with self._pool.connection() as conn, security.atenant_scope(conn, tenant):
+        """A pooled async connection to the primary; with ``tenant``, one transaction as that
+        tenant. With replicas, committed at the end and its WAL position noted (``Client``)."""
+        async with self._pool.connection() as conn:
+            async with security.atenant_scope(conn, tenant):
+                with mapped_database_errors():
+                    yield conn
+            if self._readers:
+                if not conn.autocommit:
+                    await conn.commit()
+                cur = await conn.execute(routing.WRITTEN_LSN)
+                row = await cur.fetchone()
+                self.wrote(str(row[0]) if row else None)
+
+    def wrote(self, lsn: str | None) -> None:
+        """Note a write's LSN made outside this client: fresh reads wait for it."""
+        self._written_lsn = routing.later_lsn(self._written_lsn, lsn)
+
+    @contextlib.asynccontextmanager
+    async def _reader(
+        self, lsn: str | None, probe: bool
+    ) -> AsyncIterator[tuple[int | None, psycopg.AsyncConnection[Any]]]:
+        """``Client._reader`` on asyncio."""
+        for i in self._rotation.order():
+            async with contextlib.AsyncExitStack() as stack:
+                try:
+                    conn = await stack.enter_async_context(
+                        self._readers[i].connection(timeout=routing.REPLICA_CONNECT_S)
+                    )
+                    ready = True
+                    if lsn is not None or probe:
+                        ready = await routing.areplayed(conn, lsn or "0/0", self.replay_wait_s)
+                except PoolTimeout:
+                    self._rotation.down(i)
+                    continue
+                except psycopg.Error as exc:
+                    if not routing.is_server_failure(exc, None):
+                        raise
+                    self._rotation.down(i)
+                    continue
+                if ready:
+                    yield i, conn
+                    return
+            break
+        async with self._pool.connection() as conn:
+            yield None, conn
+
+    @contextlib.asynccontextmanager
+    async def reading(
+        self, *, tenant: str | None = None, read_your_writes: bool | None = None
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """``Client.reading`` on asyncio."""
+        fresh = self.read_your_writes if read_your_writes is None else read_your_writes
+        lsn = self._written_lsn if fresh else None
+        async with (
+            self._reader(lsn, probe=bool(self._readers)) as (_, conn),
+            security.atenant_scope(conn, tenant),
+        ):
             with mapped_database_errors():
                 yield conn
+
+    async def _read(
+        self,
+        fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[_T]],
+        tenant: str | None,
+        read_your_writes: bool | None,
+    ) -> _T:
+        """``Client._read`` on asyncio."""
+        fresh = self.read_your_writes if read_your_writes is None else read_your_writes
+        lsn = self._written_lsn if fresh else None
+        while True:
+            used: int | None = None
+            conn: psycopg.AsyncConnection[Any] | None = None
+            try:
+                async with (
+                    self._reader(lsn, probe=False) as (used, conn),
+                    security.atenant_scope(conn, tenant),
+                ):
+                    with mapped_database_errors():
+                        result = await fn(conn)
+                if used is not None:
+                    self._rotation.up(used)
+                return result
+            except Exception as exc:
+                if used is None or not routing.is_server_failure(exc, conn):
+                    raise
+                self._rotation.down(used)
 
     async def search(
         self,
@@ -390,13 +646,13 @@ class AsyncClient:
         options: SearchOptions | None = None,
         *,
         tenant: str | None = None,
+        fresh: bool | None = None,
         **args: Unpack[SearchArgs],
     ) -> SearchResult:
         """``Client.search`` on asyncio (``pgrag.search.asearch``)."""
         from pgrag.search import asearch
 
-        async with self.connection(tenant=tenant) as conn:
-            return await asearch(conn, query, options, **args)
+        return await self._read(lambda conn: asearch(conn, query, options, **args), tenant, fresh)
 
     async def stats(
         self,
@@ -404,19 +660,27 @@ class AsyncClient:
         filter: Mapping[str, Any] | None = None,
         doc_types: Sequence[str] | None = None,
         tenant: str | None = None,
+        fresh: bool | None = None,
     ) -> dict[str, Any]:
         from pgrag.search import astats
 
-        async with self.connection(tenant=tenant) as conn:
-            return await astats(conn, filter=filter, doc_types=doc_types)
+        return await self._read(
+            lambda conn: astats(conn, filter=filter, doc_types=doc_types), tenant, fresh
+        )
 
     async def context(
-        self, chunk_id: int, *, max_children: int = 20, tenant: str | None = None
+        self,
+        chunk_id: int,
+        *,
+        max_children: int = 20,
+        tenant: str | None = None,
+        fresh: bool | None = None,
     ) -> list[ContextRow]:
         from pgrag.search import acontext
 
-        async with self.connection(tenant=tenant) as conn:
-            return await acontext(conn, chunk_id, max_children=max_children)
+        return await self._read(
+            lambda conn: acontext(conn, chunk_id, max_children=max_children), tenant, fresh
+        )
 
     async def status(self) -> StoreStatus:
         async with (
@@ -436,35 +700,28 @@ async def aconnect(
     min_size: int = 1,
     max_size: int = 8,
     tenant: str | None = None,
+    replicas: Sequence[str] = (),
+    read_your_writes: bool = False,
+    replay_wait_s: float = routing.REPLAY_WAIT_S,
 ) -> AsyncClient:
     """An open AsyncClient: ``connect``'s checks, then an asyncio pool."""
     import asyncio
 
-    client = await asyncio.to_thread(
-        connect, url, embedded=embedded, min_size=1, max_size=1, tenant=tenant
-    )
-    try:
-        checked = client.url
-    finally:
-        client.close()
-    return await AsyncClient(checked, min_size=min_size, max_size=max_size, tenant=tenant).open()
+    checked = await asyncio.to_thread(resolve_checked, url, embedded=embedded)
+    return await AsyncClient(
+        checked,
+        min_size=min_size,
+        max_size=max_size,
+        tenant=tenant,
+        replicas=replicas,
+        read_your_writes=read_your_writes,
+        replay_wait_s=replay_wait_s,
+    ).open()
 
 
-def connect(
-    url: str | None = None,
-    *,
-    embedded: bool = False,
-    min_size: int = 1,
-    max_size: int = 8,
-    tenant: str | None = None,
-) -> Client:
-    """A Client on ``url``, else ``PGRAG_DATABASE_URL``; with neither, ``embedded=True``
-    starts (or reuses) pgrag's embedded PostgreSQL, and without it this is a ConfigError: a
-    server is never started unasked. With ``tenant``, its searches see that tenant's chunks
-    (and the shared ones) only (docs/security.md).
-
-    Fails fast with a one-line PgragError if the server is unreachable or lacks pgvector.
-    """
+def resolve_checked(url: str | None, *, embedded: bool) -> str:
+    """The database URL (``resolve_url``), checked to answer and to have pgvector available:
+    a one-line PgragError otherwise."""
     resolved = resolve_url(url, embedded=embedded)
     with connect_once(resolved) as conn:
         row = conn.execute(
@@ -475,8 +732,39 @@ def connect(
             f"{describe_target(resolved)} has no pgvector extension: install pgvector on the "
             "server, or unset PGRAG_DATABASE_URL to use the embedded server"
         )
+    return resolved
+
+
+def connect(
+    url: str | None = None,
+    *,
+    embedded: bool = False,
+    min_size: int = 1,
+    max_size: int = 8,
+    tenant: str | None = None,
+    replicas: Sequence[str] = (),
+    read_your_writes: bool = False,
+    replay_wait_s: float = routing.REPLAY_WAIT_S,
+) -> Client:
+    """A Client on ``url``, else ``PGRAG_DATABASE_URL``; with neither, ``embedded=True``
+    starts (or reuses) pgrag's embedded PostgreSQL, and without it this is a ConfigError: a
+    server is never started unasked. With ``tenant``, its searches see that tenant's chunks
+    (and the shared ones) only (docs/security.md). With ``replicas`` (or a multi-host
+    ``url``), reads go to the replicas (``Client``, docs/scaling.md).
+
+    Fails fast with a one-line PgragError if the server is unreachable or lacks pgvector.
+    """
+    resolved = resolve_checked(url, embedded=embedded)
     try:
-        return Client(resolved, min_size=min_size, max_size=max_size, tenant=tenant)
+        return Client(
+            resolved,
+            min_size=min_size,
+            max_size=max_size,
+            tenant=tenant,
+            replicas=replicas,
+            read_your_writes=read_your_writes,
+            replay_wait_s=replay_wait_s,
+        )
     except psycopg.Error as exc:
         raise PgragError(
             f"cannot open a connection pool on {describe_target(resolved)} ({exc}): "

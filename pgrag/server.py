@@ -203,6 +203,8 @@ class EmbeddedServer:
         """
         with self._lock():  # checked under the lock: another starter may be mid-initdb
             url = self.running_url()
+            if self.is_standby:  # read-only: no sizing (ALTER SYSTEM), no CREATE DATABASE
+                return url or self._pg_ctl_start_ready()
             if url is None:
                 self._check_data_dir()
                 if not (self.data_dir / "PG_VERSION").is_file():
@@ -210,6 +212,70 @@ class EmbeddedServer:
                 url = self._start_and_size()
             self._ensure_database(url)
             return url
+
+    @property
+    def is_standby(self) -> bool:
+        """Whether this data directory is a standby (``start_standby``): standby.signal."""
+        return (self.data_dir / "standby.signal").is_file()
+
+    def start_standby(self, primary_url: str) -> str:
+        """Start this data directory as a hot standby of the server at ``primary_url``, over
+        streaming replication on that server's Unix socket; returns the standby's URL.
+
+        The first time, the directory (empty or new) gets a base backup of the primary
+        (``pg_basebackup -R -X stream``: the primary's databases, settings and pgrag schema,
+        and the connection to follow it), its own socket directory, and
+        ``hot_standby_feedback = on`` (a long search on the standby is not cancelled by the
+        primary's vacuum). Later starts only start it. The primary needs no change: an
+        embedded server trusts local replication connections and has ``wal_level =
+        replica``. For tests, benchmarks and trying read replicas on one machine
+        (docs/scaling.md); a production standby is the DBA's, made the same way.
+        """
+        with self._lock():
+            url = self.running_url()
+            if url is not None:
+                return url
+            self._check_data_dir()
+            if not (self.data_dir / "PG_VERSION").is_file():
+                self._base_backup(primary_url)
+            elif not self.is_standby:
+                raise ServerError(
+                    f"data directory {self.data_dir} holds a primary, not a standby: use an "
+                    "empty directory for the standby"
+                )
+            return self._pg_ctl_start_ready()
+
+    def _base_backup(self, primary_url: str) -> None:
+        if self._as_root:
+            self._prepare_for_system_user()
+        params = conninfo.conninfo_to_dict(primary_url)
+        params.pop("dbname", None)
+        self._run(
+            [
+                "pg_basebackup",
+                "-D",
+                str(self.data_dir),
+                "-d",
+                conninfo.make_conninfo(**params),  # type: ignore[arg-type]
+                "-R",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+                "--no-password",
+            ]
+        )
+        # The primary's socket lock file, copied when its socket lives in its data directory
+        for lock in self.data_dir.glob(".s.PGSQL.*.lock"):
+            lock.unlink()
+        sock = socket_dir(self.data_dir)
+        with open(self.data_dir / "postgresql.conf", "a", encoding="utf-8") as conf:
+            conf.write(
+                "\n# --- pgrag embedded standby ---\n"
+                f"unix_socket_directories = '{str(sock).replace(chr(39), chr(39) * 2)}'\n"
+                "hot_standby = on\n"
+                "hot_standby_feedback = on\n"
+            )
 
     def _start_and_size(self) -> str:
         """Start the server; if its HNSW indexes outgrew shared_buffers, grow shared_buffers

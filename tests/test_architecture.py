@@ -22,7 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent / "pgrag"
 LAYERS = ["foundation", "io", "core", "client", "lab", "cli"]
 FOUNDATION = {"pgrag.errors", "pgrag.config", "pgrag.limits"}
-IO = {"pgrag.connection", "pgrag.server"}
+IO = {"pgrag.connection", "pgrag.server", "pgrag.replicas"}
 CLIENT = {"pgrag.db", "pgrag"}
 
 
