@@ -180,6 +180,12 @@ class Client:
         with self._lsn_lock:
             self._written_lsn = routing.later_lsn(self._written_lsn, lsn)
 
+    @property
+    def written_lsn(self) -> str | None:
+        """The primary's WAL position after this client's last write (None before any)."""
+        with self._lsn_lock:
+            return self._written_lsn
+
     def _wanted_lsn(self, read_your_writes: bool | None) -> str | None:
         fresh = self.read_your_writes if read_your_writes is None else read_your_writes
         if not fresh:

@@ -232,17 +232,17 @@ class EmbeddedServer:
         (docs/scaling.md); a production standby is the DBA's, made the same way.
         """
         with self._lock():
+            if (self.data_dir / "PG_VERSION").is_file() and not self.is_standby:
+                raise ServerError(
+                    f"data directory {self.data_dir} holds a primary, not a standby: give the "
+                    "standby an empty or new directory"
+                )
             url = self.running_url()
             if url is not None:
                 return url
             self._check_data_dir()
             if not (self.data_dir / "PG_VERSION").is_file():
                 self._base_backup(primary_url)
-            elif not self.is_standby:
-                raise ServerError(
-                    f"data directory {self.data_dir} holds a primary, not a standby: use an "
-                    "empty directory for the standby"
-                )
             return self._pg_ctl_start_ready()
 
     def _base_backup(self, primary_url: str) -> None:

@@ -40,7 +40,7 @@ from pgvector.psycopg import register_vector
 from psycopg import sql
 from psycopg.rows import class_row
 
-from pgrag.connection import connect_once
+from pgrag.connection import connect_once, describe_target
 from pgrag.embed.base import (
     DEFAULT_RETRY,
     Embedder,
@@ -50,7 +50,7 @@ from pgrag.embed.base import (
     Vectors,
     embed_with_retry,
 )
-from pgrag.errors import ConnectionFailed, PgragError, from_database
+from pgrag.errors import ConfigError, ConnectionFailed, PgragError, from_database
 from pgrag.tune import TuneResult, maybe_tune
 
 _log = logging.getLogger(__name__)
@@ -221,6 +221,13 @@ class Worker:
         with connect_once(self.url):  # connection failures as one-line ConnectionFailed
             pass
         conn = psycopg.connect(self.url, autocommit=True, application_name="pgrag worker")
+        row = conn.execute("select pg_is_in_recovery()").fetchone()
+        if row and row[0]:
+            conn.close()
+            raise ConfigError(
+                f"{describe_target(self.url)} is a standby (read-only): run the worker against "
+                "the primary; the vectors it writes reach the standbys by replication"
+            )
         register_vector(conn)
         self._conn = conn
         return self

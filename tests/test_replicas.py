@@ -26,7 +26,7 @@ from pgrag.replicas import Rotation, hosts, later_lsn, split_url
 from pgrag.server import EmbeddedServer
 from pgrag.worker import Worker
 
-from .conftest import wait_for
+from .conftest import run_pgrag, wait_for
 from .embed_server import FakeEmbeddings
 
 
@@ -253,3 +253,25 @@ def test_url_splitting_and_rotation() -> None:
 def test_a_replica_url_that_is_not_a_string_is_a_one_line_error(pair: Pair) -> None:
     with pytest.raises(pgrag.ConfigError, match="replica URL"):
         pgrag.connect(pair.primary_url, replicas=[""])
+
+
+def test_the_standby_command_starts_a_standby_and_refuses_a_primary(pair: Pair) -> None:
+    env = {"PGRAG_DATA_DIR": str(pair.primary.data_dir)}
+    again = run_pgrag("server", "standby", str(pair.standby.data_dir), env=env)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[-1] == pair.standby_url
+    refused = run_pgrag("server", "standby", str(pair.primary.data_dir), env=env)
+    assert refused.returncode == 3
+    assert refused.stderr.strip().splitlines() == [
+        f"pgrag: error: data directory {pair.primary.data_dir} holds a primary, not a standby: "
+        "give the standby an empty or new directory"
+    ]
+
+
+def test_the_worker_refuses_a_standby_in_one_line(pair: Pair, fake: FakeEmbeddings) -> None:
+    embedder = OpenAIEmbedder("fake-embed", base_url=fake.base_url, dimensions=384)
+    with (
+        pytest.raises(pgrag.ConfigError, match="is a standby .read-only.: run the worker"),
+        Worker(pair.standby_url, embedder, auto_tune=False),
+    ):
+        pass

@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -183,7 +184,7 @@ cli.epilog = "\b\nExit codes:\n" + "\n".join(f"{code:>5}  {what}" for code, what
 
 @cli.group(cls=_Group, context_settings=CONTEXT_SETTINGS)
 def server() -> None:
-    """Manage the embedded PostgreSQL server (start, stop, status, url, psql)."""
+    """Manage the embedded PostgreSQL server (start, stop, status, url, psql, standby)."""
 
 
 def _embedded() -> Any:
@@ -202,6 +203,25 @@ def server_start() -> None:
     for hint in (s.memory_hint(url), s.huge_pages_hint(url)):
         if hint:
             click.echo(f"note: {hint}", err=True)
+
+
+@server.command("standby")
+@click.argument("data_dir", type=click.Path(file_okay=False, path_type=Path))
+def server_standby(data_dir: Path) -> None:
+    """Start a hot standby of the embedded server in DATA_DIR and print its URL.
+
+    The first time, DATA_DIR (empty or new) gets a base backup of the running embedded server
+    and follows it by streaming replication; later, this starts it again. Pass its URL to
+    ``pgrag.connect(url, replicas=[...])`` to read from it (docs/scaling.md). Stop it with
+    ``PGRAG_DATA_DIR=DATA_DIR pgrag server stop``.
+    """
+    from pgrag.server import EmbeddedServer
+
+    primary = _embedded()
+    standby = EmbeddedServer(data_dir)
+    url = standby.start_standby(primary.ensure())
+    click.echo(f"hot standby of {primary.data_dir} running in {standby.data_dir}")
+    click.echo(url)
 
 
 @server.command("stop")
