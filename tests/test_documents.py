@@ -381,6 +381,29 @@ def test_a_failing_render_is_recorded_and_never_fails_the_write(
     assert json.dumps(documents.list_types(shop)[0].metadata_schema)  # still readable
 
 
+def test_a_key_the_source_yields_twice_is_a_render_error_not_a_silent_pick(
+    shop: psycopg.Connection[Any],
+) -> None:
+    """A source that starts yielding one key twice (a join the data made ambiguous) is an
+    error of that document, recorded; its chunk keeps its last render (it is not overwritten
+    with either row)."""
+    shop.execute("create table shop.nick (customer_id int, nick text)")
+    shop.execute("insert into shop.nick values (2, 'Ace')")
+    documents.declare(
+        shop,
+        "nicknamed",
+        "select n.customer_id as source_key, n.nick as text from shop.nick n",
+        {"shop.nick": "select customer_id from changed"},
+    )
+    documents.refresh(shop, "nicknamed")
+    shop.execute("insert into shop.nick values (2, 'Deuce')")
+    assert chunk(shop, "nicknamed", "2")["text"] == "Ace"  # type: ignore[index]
+    errors = shop.execute(
+        "select source_key, sqlstate, message from pgrag.render_errors"
+    ).fetchall()
+    assert errors == [("2", "PR004", "the source of nicknamed yields source_key 2 more than once")]
+
+
 def test_concurrent_writers_of_one_document_lose_nothing(shop_committed: str) -> None:
     """Two transactions change items of the same customer at once; the chunk ends up with both.
 

@@ -404,10 +404,14 @@ begin
         as $body$ select d.source_key::text from %2$s d order by d.source_key $body$
         $f$, pgrag._generated('list', t.name), t.source));
 
-    -- The store: render (as the declarer), skip what did not change, upsert the rest, delete
-    -- what the source no longer yields. Separate statements for "these keys" and "all" so each
-    -- has a good cached plan (an `or keys is null` would make the keyed one scan the whole type).
-    -- It takes no lock: its callers hold the documents' locks (pgrag._lock_documents).
+    -- The store: render (as the declarer), skip what did not change, update the documents that
+    -- have a chunk and insert the others, delete what the source no longer yields. An UPDATE,
+    -- not INSERT ... ON CONFLICT DO UPDATE, for the documents that exist: an insert computes
+    -- the generated columns (to_tsvector, the hash) before it finds the conflict, and the
+    -- update computes them again (measured: 0.34 against 0.23 ms per 900-character document).
+    -- Separate statements for "these keys" and "all" so each has a good cached plan (an `or
+    -- keys is null` would make the keyed one scan the whole type). It takes no lock: its
+    -- callers hold the documents' locks (pgrag._lock_documents).
     upsert := format($u$
             with src as materialized (
                 select r.key, r.parent, left(r.body, %4$s) as body,
@@ -426,12 +430,29 @@ begin
                            is not distinct from (s.body, s.meta, s.parent, s.parent_id, s.tenant,
                                                  s.cut))
             ),
-            up as (
+            upd as (
+                update pgrag.chunks as c
+                   set text = s.body,
+                       metadata = s.meta,
+                       parent_key = s.parent,
+                       parent_id = s.parent_id,
+                       tenant = s.tenant,
+                       truncated_from = s.cut,
+                       embedding = case when c.text = s.body then c.embedding end,
+                       embedding_model = case when c.text = s.body then c.embedding_model end,
+                       embedded_at = case when c.text = s.body then c.embedded_at end,
+                       updated_at = now()
+                  from todo s
+                 where c.doc_type = %2$L and c.source_key = s.key
+                returning c.source_key, c.embedding is null as pending, false as inserted
+            ),
+            ins as (  -- (ON CONFLICT: a chunk another transaction inserted meanwhile)
                 insert into pgrag.chunks as c
                        (doc_type, source_key, parent_key, parent_id, text, metadata, tenant,
                         truncated_from)
                 select %2$L, s.key, s.parent, s.parent_id, s.body, s.meta, s.tenant, s.cut
                 from todo s
+                where not exists (select from upd u where u.source_key = s.key)
                 on conflict (doc_type, source_key) do update
                 set text = excluded.text,
                     metadata = excluded.metadata,
@@ -448,12 +469,14 @@ begin
                                         excluded.parent_id, excluded.tenant,
                                         excluded.truncated_from)
                 returning c.source_key, c.embedding is null as pending, c.xmax = '0' as inserted
-            )
+            ),
+            up as (select * from upd union all select * from ins)
             %%s
             select (select count(*) from up), (select count(*) from up where pending),
                    (select array_agg(up.source_key) from up where inserted),
+                   (select min(s.key) from src s group by s.key having count(*) > 1 limit 1),
                    %%s
-            into n_up, n_pending, new_keys, n_gone, n_rendered, rendered
+            into n_up, n_pending, new_keys, twice, n_gone, n_rendered, rendered
             $u$, pgrag._generated('render', t.name), t.name,
             case when t.parent_type is null then 'null::bigint'
                  else format('(select p.id from pgrag.chunks p where p.doc_type = %L '
@@ -479,11 +502,20 @@ begin
             new_keys text[];
             n_rendered bigint;
             rendered text[];
+            twice text;
         begin
             if keys is null then
                 %2$s;
             else
                 %3$s;
+            end if;
+            if twice is not null then  -- (its chunk would take one of the two, silently)
+                raise exception using errcode = 'PR004',
+                    message = format('the source of %%s yields source_key %%s more than once',
+                                     %4$L, twice),
+                    hint = 'a document type''s source must give each source_key one row';
+            end if;
+            if keys is not null then
                 -- the keys the source no longer yields: their chunks go (a statement of its
                 -- own, run only when some key did not render)
                 if n_rendered < cardinality(keys) then
