@@ -111,16 +111,18 @@ class Client:
         read_your_writes: bool = False,
         replay_wait_s: float = routing.REPLAY_WAIT_S,
     ) -> None:
-        writer, reader = routing.split_url(url)
-        readers = routing.check_urls(replicas) or ([reader] if reader else [])
+        writer, hosts = routing.split_url(url)
+        readers = routing.check_urls(replicas) or hosts
         self.url = writer
         self.replicas = readers
         self.read_your_writes = read_your_writes
         self.replay_wait_s = replay_wait_s
         self.tenant = None if tenant is None else security.check_tenant(tenant)
         self._written_lsn: str | None = None
+        self._lsn_unknown = False  # a write whose LSN could not be read: fresh reads go primary
         self._lsn_lock = threading.Lock()
         self._rotation = routing.Rotation(len(readers))
+        self._failures = [0] * len(readers)
         self._pool = ConnectionPool(
             writer,
             configure=lambda conn: _configure(conn, self.tenant),
@@ -130,13 +132,21 @@ class Client:
             ConnectionPool(
                 r,
                 configure=lambda conn: _configure(conn, self.tenant),
+                check=ConnectionPool.check_connection,  # a restarted replica's stale ones
                 **_pool_options(min_size, max_size, f"pgrag-replica-{i}"),
             )
             for i, r in enumerate(readers)
         ]
         self._pool.open(wait=True, timeout=CONNECT_TIMEOUT_S * 2)
-        for pool in self._readers:
-            pool.open(wait=False)  # a replica down at start is skipped, not fatal
+        for i, pool in enumerate(self._readers):
+            # a replica that answers starts with its connections ready; one down is skipped
+            up = routing.answers(readers[i])
+            pool.open(wait=False)
+            if up:
+                with contextlib.suppress(PoolTimeout):
+                    pool.wait(timeout=CONNECT_TIMEOUT_S * 2)
+            else:
+                self._rotation.down(i)
 
     # ---- lifecycle ----
 
@@ -166,8 +176,37 @@ class Client:
             if self._readers:
                 if not conn.autocommit:
                     conn.commit()
-                row = conn.execute(routing.WRITTEN_LSN).fetchone()
-                self.wrote(str(row[0]) if row else None)
+                self._note_write(conn)
+
+    @contextlib.contextmanager
+    def _primary(self, tenant: str | None = None) -> Iterator[psycopg.Connection[Any]]:
+        """``connection()`` for pgrag's own reads of the primary: no WAL position noted."""
+        with (
+            self._pool.connection() as conn,
+            mapped_database_errors(),
+            security.tenant_scope(conn, tenant),
+        ):
+            yield conn
+
+    def _note_write(self, conn: psycopg.Connection[Any]) -> None:
+        """After a committed block: the primary's WAL position, for fresh reads. It never
+        fails the block, which has committed: if the position cannot be read, fresh reads
+        go to the primary until the next block's is."""
+        try:
+            row = conn.execute(routing.WRITTEN_LSN).fetchone()
+            if not conn.autocommit:
+                conn.commit()
+        except psycopg.Error:
+            with self._lsn_lock:
+                self._lsn_unknown = True
+            return
+        if row and row[0]:
+            self._remember(routing.commit_lsn(str(row[0])))
+
+    def _remember(self, lsn: str) -> None:
+        with self._lsn_lock:
+            self._written_lsn = routing.later_lsn(self._written_lsn, lsn)
+            self._lsn_unknown = False
 
     def wrote(self, lsn: str | None = None) -> None:
         """Note a write made outside this client (its LSN, e.g. from
@@ -177,8 +216,8 @@ class Client:
             with self._pool.connection() as conn:
                 row = conn.execute(routing.WRITTEN_LSN).fetchone()
             lsn = str(row[0]) if row else None
-        with self._lsn_lock:
-            self._written_lsn = routing.later_lsn(self._written_lsn, lsn)
+        if lsn:
+            self._remember(routing.commit_lsn(lsn))
 
     @property
     def written_lsn(self) -> str | None:
@@ -186,57 +225,59 @@ class Client:
         with self._lsn_lock:
             return self._written_lsn
 
-    def _wanted_lsn(self, read_your_writes: bool | None) -> str | None:
+    def _wanted_lsn(self, read_your_writes: bool | None) -> tuple[bool, str | None]:
+        """(whether a replica may serve the read, the LSN it must have replayed or None)."""
         fresh = self.read_your_writes if read_your_writes is None else read_your_writes
         if not fresh:
-            return None
+            return True, None
         with self._lsn_lock:
-            return self._written_lsn
+            return not self._lsn_unknown, self._written_lsn
 
-    @contextlib.contextmanager
-    def _reader(
-        self, lsn: str | None, probe: bool
-    ) -> Iterator[tuple[int | None, psycopg.Connection[Any]]]:
-        """(replica index or None for the primary, connection) for one read: the replicas in
-        turn, skipping those down (a failed connection or probe marks one down); one that has
-        not replayed ``lsn`` within replay_wait_s sends the read to the primary."""
-        for i in self._rotation.order():
-            with contextlib.ExitStack() as stack:
-                try:
-                    conn = stack.enter_context(
-                        self._readers[i].connection(timeout=routing.REPLICA_CONNECT_S)
-                    )
-                    ready = True
-                    if lsn is not None or probe:
-                        ready = routing.replayed(conn, lsn or "0/0", self.replay_wait_s)
-                except PoolTimeout:
+    def _on_replica(
+        self,
+        i: int,
+        fn: Callable[[psycopg.Connection[Any]], _T],
+        tenant: str | None,
+        lsn: str | None,
+    ) -> tuple[str, _T | None]:
+        """One read on replica i: ("done", result), or "down" (its server failed: marked
+        down), "busy" (no connection free in time), "behind" (it has not replayed ``lsn``
+        within replay_wait_s). An error of the read itself is raised, never retried; a read
+        that finished is never run again (its commit, read-only, may fail harmlessly)."""
+        pool = self._readers[i]
+        seen = routing.failures(pool.get_stats())
+        if seen > self._failures[i]:  # the pool failed to connect since the last look
+            self._failures[i] = seen
+            if not routing.answers(self.replicas[i]):
+                self._rotation.down(i)
+                return "down", None
+        try:
+            conn = pool.getconn(timeout=routing.REPLICA_CONNECT_S)
+        except PoolTimeout:
+            if not routing.answers(self.replicas[i]):
+                self._rotation.down(i)
+                return "down", None
+            return "busy", None  # every connection in use: the next server takes the read
+        try:
+            try:
+                if lsn is not None and not routing.replayed(conn, lsn, self.replay_wait_s):
+                    conn.rollback()
+                    return "behind", None
+                with mapped_database_errors(), security.tenant_scope(conn, tenant):
+                    result = fn(conn)
+            except Exception as exc:
+                with contextlib.suppress(psycopg.Error):
+                    conn.rollback()
+                if routing.is_server_failure(exc, conn):
                     self._rotation.down(i)
-                    continue
-                except psycopg.Error as exc:
-                    if not routing.is_server_failure(exc, None):
-                        raise
-                    self._rotation.down(i)
-                    continue
-                if ready:
-                    yield i, conn
-                    return
-            break  # behind the caller's write: the primary has it
-        with self._pool.connection() as conn:
-            yield None, conn
-
-    @contextlib.contextmanager
-    def reading(
-        self, *, tenant: str | None = None, read_your_writes: bool | None = None
-    ) -> Iterator[psycopg.Connection[Any]]:
-        """A pooled connection for reads: a replica that answers (and, with read_your_writes,
-        has this client's last write), else the primary. Without replicas, the primary."""
-        lsn = self._wanted_lsn(read_your_writes)
-        with (
-            self._reader(lsn, probe=bool(self._readers)) as (_, conn),
-            mapped_database_errors(),
-            security.tenant_scope(conn, tenant),
-        ):
-            yield conn
+                    return "down", None
+                raise
+            with contextlib.suppress(psycopg.Error):
+                conn.commit()
+            self._rotation.up(i)
+            return "done", result
+        finally:
+            pool.putconn(conn)
 
     def _read(
         self,
@@ -244,32 +285,54 @@ class Client:
         tenant: str | None,
         read_your_writes: bool | None,
     ) -> _T:
-        """``fn`` on a reading connection; when its replica fails under it (gone, shutting
-        down, a conflict with replay), again on the next, down to the primary."""
-        lsn = self._wanted_lsn(read_your_writes)
-        while True:
-            used: int | None = None
-            conn: psycopg.Connection[Any] | None = None
-            try:
-                with (
-                    self._reader(lsn, probe=False) as (used, conn),
-                    mapped_database_errors(),
-                    security.tenant_scope(conn, tenant),
-                ):
-                    result = fn(conn)
-                if used is not None:
-                    self._rotation.up(used)
-                return result
-            except Exception as exc:
-                if used is None or not routing.is_server_failure(exc, conn):
-                    raise
-                self._rotation.down(used)
+        """``fn`` on a replica: each in turn at most once (one whose server fails under the
+        read, or that is busy, passes it to the next), then on the primary (when none could,
+        when one is behind the caller's write, or without replicas)."""
+        replica_ok, lsn = self._wanted_lsn(read_your_writes)
+        if replica_ok:
+            for i in self._rotation.order():
+                outcome, result = self._on_replica(i, fn, tenant, lsn)
+                if outcome == "done":
+                    return result  # type: ignore[return-value]
+                if outcome == "behind":
+                    break  # the primary has it; another replica would be the same gamble
+        with self._primary(tenant) as conn:
+            return fn(conn)
+
+    @contextlib.contextmanager
+    def reading(
+        self, *, tenant: str | None = None, read_your_writes: bool | None = None
+    ) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection for your own reads: a replica that answers (and, with
+        read_your_writes, has this client's last write), else the primary. Errors inside the
+        block are raised, not retried."""
+        replica_ok, lsn = self._wanted_lsn(read_your_writes)
+        chosen: ConnectionPool | None = None
+        if replica_ok:
+            for i in self._rotation.order():
+                # the probe: this replica answers and has the caller's write
+                outcome, _ = self._on_replica(i, lambda _conn: None, None, lsn)
+                if outcome == "done":
+                    chosen = self._readers[i]
+                    break
+                if outcome == "behind":
+                    break
+        if chosen is None:
+            with self._primary(tenant) as conn:
+                yield conn
+            return
+        with (
+            chosen.connection() as conn,
+            mapped_database_errors(),
+            security.tenant_scope(conn, tenant),
+        ):
+            yield conn
 
     # ---- the store ----
 
     def settings(self) -> StoreSettings:
         self.require_schema()
-        with self.connection() as conn, conn.cursor(row_factory=class_row(StoreSettings)) as cur:
+        with self._primary() as conn, conn.cursor(row_factory=class_row(StoreSettings)) as cur:
             row = cur.execute(
                 "select embedding_dim, embedding_model, hnsw_m, hnsw_ef_construction "
                 "from pgrag.settings"
@@ -280,7 +343,7 @@ class Client:
 
     def status(self) -> StoreStatus:
         self.require_schema()
-        with self.connection() as conn, conn.cursor(row_factory=class_row(StoreStatus)) as cur:
+        with self._primary() as conn, conn.cursor(row_factory=class_row(StoreStatus)) as cur:
             row = cur.execute("select * from pgrag.status()").fetchone()
         assert row is not None
         return row
@@ -289,14 +352,14 @@ class Client:
         """Raise DimensionMismatch unless ``dim`` is the store's dimension (SQL: the same check
         as ``pgrag.check_dimension``, which owns the message)."""
         self.require_schema()
-        with self.connection() as conn:
+        with self._primary() as conn:
             conn.execute("select pgrag.check_dimension(%s)", (dim,))
 
     def require_schema(self) -> None:
         """Raise NotMigrated unless the database is at pgrag's head (on a pooled connection)."""
         from pgrag import migrate
 
-        with self.connection() as conn:
+        with self._primary() as conn:
             at = migrate.current_on(conn)
         migrate.check_head(at)
 
@@ -338,7 +401,7 @@ class Client:
             return documents.drop(conn, name, keep_chunks=keep_chunks)
 
     def document_types(self) -> list[documents.DocType]:
-        with self.connection() as conn:
+        with self._primary() as conn:
             return documents.list_types(conn)
 
     def rebuild(
@@ -356,7 +419,7 @@ class Client:
                 conn.autocommit = False
 
     def verify(self, name: str | None = None) -> list[documents.Mismatch]:
-        with self.connection() as conn:
+        with self._primary() as conn:
             return documents.verify(conn, name)
 
     # ---- search and answers (pgrag/search.py, pgrag/ask.py) ----
@@ -443,7 +506,7 @@ class Client:
         from pgrag import filter_index
 
         self.require_schema()
-        with self.connection() as conn:
+        with self._primary() as conn:
             return filter_index.list_indexes(conn)
 
     def drop_filter_index(self, filter_or_name: str) -> str | None:
@@ -470,7 +533,7 @@ class Client:
         from pgrag import stats_cache
 
         self.require_schema()
-        with self.connection() as conn:
+        with self._primary() as conn:
             return stats_cache.status(conn)
 
     def upgrade(self, revision: str = "head", *, dimension: int | None = None) -> None:
@@ -479,6 +542,10 @@ class Client:
 
         migrate.upgrade(self.url, revision, dimension=dimension)
         self._pool.drain()
+        for pool in self._readers:
+            pool.drain()
+        if self._readers:
+            self.wrote()  # fresh reads see the migrated schema
 
 
 async def _aconfigure(conn: psycopg.AsyncConnection[Any], tenant: str | None = None) -> None:
@@ -515,15 +582,18 @@ class AsyncClient:
         read_your_writes: bool = False,
         replay_wait_s: float = routing.REPLAY_WAIT_S,
     ) -> None:
-        writer, reader = routing.split_url(url)
-        readers = routing.check_urls(replicas) or ([reader] if reader else [])
+        writer, hosts = routing.split_url(url)
+        readers = routing.check_urls(replicas) or hosts
         self.url = writer
         self.replicas = readers
         self.read_your_writes = read_your_writes
         self.replay_wait_s = replay_wait_s
         self.tenant = None if tenant is None else security.check_tenant(tenant)
+        # (one event loop: no lock)
         self._written_lsn: str | None = None
+        self._lsn_unknown = False
         self._rotation = routing.Rotation(len(readers))
+        self._failures = [0] * len(readers)
         self._pool = AsyncConnectionPool(
             writer,
             configure=lambda conn: _aconfigure(conn, self.tenant),
@@ -533,6 +603,7 @@ class AsyncClient:
             AsyncConnectionPool(
                 r,
                 configure=lambda conn: _aconfigure(conn, self.tenant),
+                check=AsyncConnectionPool.check_connection,
                 **_pool_options(min_size, max_size, f"pgrag-async-replica-{i}"),
             )
             for i, r in enumerate(readers)
@@ -540,8 +611,14 @@ class AsyncClient:
 
     async def open(self) -> AsyncClient:
         await self._pool.open(wait=True, timeout=CONNECT_TIMEOUT_S * 2)
-        for pool in self._readers:
+        for i, pool in enumerate(self._readers):
+            up = await routing.aanswers(self.replicas[i])
             await pool.open(wait=False)
+            if up:
+                with contextlib.suppress(PoolTimeout):
+                    await pool.wait(timeout=CONNECT_TIMEOUT_S * 2)
+            else:
+                self._rotation.down(i)
         return self
 
     async def close(self) -> None:
@@ -568,56 +645,97 @@ class AsyncClient:
             if self._readers:
                 if not conn.autocommit:
                     await conn.commit()
-                cur = await conn.execute(routing.WRITTEN_LSN)
-                row = await cur.fetchone()
-                self.wrote(str(row[0]) if row else None)
-
-    def wrote(self, lsn: str | None) -> None:
-        """Note a write's LSN made outside this client: fresh reads wait for it."""
-        self._written_lsn = routing.later_lsn(self._written_lsn, lsn)
+                await self._note_write(conn)
 
     @contextlib.asynccontextmanager
-    async def _reader(
-        self, lsn: str | None, probe: bool
-    ) -> AsyncIterator[tuple[int | None, psycopg.AsyncConnection[Any]]]:
-        """``Client._reader`` on asyncio."""
-        for i in self._rotation.order():
-            async with contextlib.AsyncExitStack() as stack:
-                try:
-                    conn = await stack.enter_async_context(
-                        self._readers[i].connection(timeout=routing.REPLICA_CONNECT_S)
-                    )
-                    ready = True
-                    if lsn is not None or probe:
-                        ready = await routing.areplayed(conn, lsn or "0/0", self.replay_wait_s)
-                except PoolTimeout:
-                    self._rotation.down(i)
-                    continue
-                except psycopg.Error as exc:
-                    if not routing.is_server_failure(exc, None):
-                        raise
-                    self._rotation.down(i)
-                    continue
-                if ready:
-                    yield i, conn
-                    return
-            break
-        async with self._pool.connection() as conn:
-            yield None, conn
-
-    @contextlib.asynccontextmanager
-    async def reading(
-        self, *, tenant: str | None = None, read_your_writes: bool | None = None
+    async def _primary(
+        self, tenant: str | None = None
     ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-        """``Client.reading`` on asyncio."""
-        fresh = self.read_your_writes if read_your_writes is None else read_your_writes
-        lsn = self._written_lsn if fresh else None
-        async with (
-            self._reader(lsn, probe=bool(self._readers)) as (_, conn),
-            security.atenant_scope(conn, tenant),
-        ):
+        async with self._pool.connection() as conn, security.atenant_scope(conn, tenant):
             with mapped_database_errors():
                 yield conn
+
+    async def _note_write(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """``Client._note_write`` on asyncio."""
+        try:
+            cur = await conn.execute(routing.WRITTEN_LSN)
+            row = await cur.fetchone()
+            if not conn.autocommit:
+                await conn.commit()
+        except psycopg.Error:
+            self._lsn_unknown = True
+            return
+        if row and row[0]:
+            self._remember(routing.commit_lsn(str(row[0])))
+
+    def _remember(self, lsn: str) -> None:
+        self._written_lsn = routing.later_lsn(self._written_lsn, lsn)
+        self._lsn_unknown = False
+
+    async def wrote(self, lsn: str | None = None) -> None:
+        """``Client.wrote`` on asyncio: note a write made outside this client (None: the
+        primary's position now)."""
+        if lsn is None:
+            async with self._pool.connection() as conn:
+                cur = await conn.execute(routing.WRITTEN_LSN)
+                row = await cur.fetchone()
+            lsn = str(row[0]) if row else None
+        if lsn:
+            self._remember(routing.commit_lsn(lsn))
+
+    @property
+    def written_lsn(self) -> str | None:
+        return self._written_lsn
+
+    def _wanted_lsn(self, read_your_writes: bool | None) -> tuple[bool, str | None]:
+        fresh = self.read_your_writes if read_your_writes is None else read_your_writes
+        if not fresh:
+            return True, None
+        return not self._lsn_unknown, self._written_lsn
+
+    async def _on_replica(
+        self,
+        i: int,
+        fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[_T]],
+        tenant: str | None,
+        lsn: str | None,
+    ) -> tuple[str, _T | None]:
+        """``Client._on_replica`` on asyncio."""
+        pool = self._readers[i]
+        seen = routing.failures(pool.get_stats())
+        if seen > self._failures[i]:  # the pool failed to connect since the last look
+            self._failures[i] = seen
+            if not await routing.aanswers(self.replicas[i]):
+                self._rotation.down(i)
+                return "down", None
+        try:
+            conn = await pool.getconn(timeout=routing.REPLICA_CONNECT_S)
+        except PoolTimeout:
+            if not await routing.aanswers(self.replicas[i]):
+                self._rotation.down(i)
+                return "down", None
+            return "busy", None  # every connection in use: the next server takes the read
+        try:
+            try:
+                if lsn is not None and not await routing.areplayed(conn, lsn, self.replay_wait_s):
+                    await conn.rollback()
+                    return "behind", None
+                async with security.atenant_scope(conn, tenant):
+                    with mapped_database_errors():
+                        result = await fn(conn)
+            except Exception as exc:
+                with contextlib.suppress(psycopg.Error):
+                    await conn.rollback()
+                if routing.is_server_failure(exc, conn):
+                    self._rotation.down(i)
+                    return "down", None
+                raise
+            with contextlib.suppress(psycopg.Error):
+                await conn.commit()
+            self._rotation.up(i)
+            return "done", result
+        finally:
+            await pool.putconn(conn)
 
     async def _read(
         self,
@@ -626,25 +744,43 @@ class AsyncClient:
         read_your_writes: bool | None,
     ) -> _T:
         """``Client._read`` on asyncio."""
-        fresh = self.read_your_writes if read_your_writes is None else read_your_writes
-        lsn = self._written_lsn if fresh else None
-        while True:
-            used: int | None = None
-            conn: psycopg.AsyncConnection[Any] | None = None
-            try:
-                async with (
-                    self._reader(lsn, probe=False) as (used, conn),
-                    security.atenant_scope(conn, tenant),
-                ):
-                    with mapped_database_errors():
-                        result = await fn(conn)
-                if used is not None:
-                    self._rotation.up(used)
-                return result
-            except Exception as exc:
-                if used is None or not routing.is_server_failure(exc, conn):
-                    raise
-                self._rotation.down(used)
+        replica_ok, lsn = self._wanted_lsn(read_your_writes)
+        if replica_ok:
+            for i in self._rotation.order():
+                outcome, result = await self._on_replica(i, fn, tenant, lsn)
+                if outcome == "done":
+                    return result  # type: ignore[return-value]
+                if outcome == "behind":
+                    break
+        async with self._primary(tenant) as conn:
+            return await fn(conn)
+
+    @contextlib.asynccontextmanager
+    async def reading(
+        self, *, tenant: str | None = None, read_your_writes: bool | None = None
+    ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """``Client.reading`` on asyncio."""
+
+        async def nothing(_conn: psycopg.AsyncConnection[Any]) -> None:
+            return None
+
+        replica_ok, lsn = self._wanted_lsn(read_your_writes)
+        chosen: AsyncConnectionPool | None = None
+        if replica_ok:
+            for i in self._rotation.order():
+                outcome, _ = await self._on_replica(i, nothing, None, lsn)
+                if outcome == "done":
+                    chosen = self._readers[i]
+                    break
+                if outcome == "behind":
+                    break
+        if chosen is None:
+            async with self._primary(tenant) as conn:
+                yield conn
+            return
+        async with chosen.connection() as conn, security.atenant_scope(conn, tenant):
+            with mapped_database_errors():
+                yield conn
 
     async def search(
         self,
@@ -690,7 +826,7 @@ class AsyncClient:
 
     async def status(self) -> StoreStatus:
         async with (
-            self.connection() as conn,
+            self._primary() as conn,
             conn.cursor(row_factory=class_row(StoreStatus)) as cur,
         ):
             await cur.execute("select * from pgrag.status()")

@@ -265,9 +265,10 @@ class EmbeddedServer:
                 "--no-password",
             ]
         )
-        # The primary's socket lock file, copied when its socket lives in its data directory
-        for lock in self.data_dir.glob(".s.PGSQL.*.lock"):
-            lock.unlink()
+        # The primary's socket lock file (copied when its socket lives in its data directory)
+        # and its log: the standby's own start afresh
+        for copied in [*self.data_dir.glob(".s.PGSQL.*.lock"), self.log_file]:
+            copied.unlink(missing_ok=True)
         sock = socket_dir(self.data_dir)
         with open(self.data_dir / "postgresql.conf", "a", encoding="utf-8") as conf:
             conf.write(
@@ -604,7 +605,14 @@ class EmbeddedServer:
 
     def _run(self, argv: list[str]) -> None:
         exe = self.bin_dir / argv[0]
-        user = SYSTEM_USER if self._as_root else None
+        user: int | None = None
+        group: int | None = None
+        extra_groups: list[int] | None = None
+        if self._as_root:  # the system user, its own group, and none of root's
+            import pwd
+
+            entry = pwd.getpwnam(SYSTEM_USER)
+            user, group, extra_groups = entry.pw_uid, entry.pw_gid, []
         try:
             subprocess.run(
                 [str(exe), *argv[1:]],
@@ -612,8 +620,10 @@ class EmbeddedServer:
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
-                user=user,
                 timeout=START_TIMEOUT_S + 10,
+                user=user,
+                group=group,
+                extra_groups=extra_groups,
             )
         except subprocess.CalledProcessError as exc:
             detail = _last_line(exc.stderr.decode(errors="replace")) or self._log_tail()

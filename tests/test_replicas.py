@@ -22,7 +22,7 @@ import pytest
 import pgrag
 from pgrag import documents, migrate
 from pgrag.embed.openai import OpenAIEmbedder
-from pgrag.replicas import Rotation, hosts, later_lsn, split_url
+from pgrag.replicas import Rotation, commit_lsn, hosts, is_server_failure, later_lsn, split_url
 from pgrag.server import EmbeddedServer
 from pgrag.worker import Worker
 
@@ -211,11 +211,13 @@ def test_a_multi_host_url_reads_from_the_standby_and_writes_to_the_primary(pair:
     s = psycopg.conninfo.conninfo_to_dict(pair.standby_url)["host"]
     url = f"postgresql://postgres@/pgrag?host={s},{p}"
     with pgrag.connect(url) as client:
-        assert len(client.replicas) == 1
+        assert len(client.replicas) == 2  # a pool per host; the primary's refuses to serve
         with client.connection() as conn:
             assert not _in_recovery(conn)
-        with client.reading() as conn:
-            assert _in_recovery(conn)
+        for _ in range(4):  # every read in turn: the standby's, never the primary's host
+            with client.reading() as conn:
+                assert _in_recovery(conn)
+        assert client.search("granite", mode="text", k=3).hits
 
 
 def test_the_async_client_routes_reads_the_same_way(pair: Pair) -> None:
@@ -231,28 +233,68 @@ def test_the_async_client_routes_reads_the_same_way(pair: Pair) -> None:
             async with client.reading() as conn:
                 cur = await conn.execute("select pg_is_in_recovery()")
                 assert await cur.fetchone() == (True,)
+            before = client.written_lsn
+            await client.wrote()  # the primary's position now, as Client.wrote()
+            assert (
+                before is not None and later_lsn(before, client.written_lsn) == client.written_lsn
+            )
 
     asyncio.run(run())
 
 
 def test_url_splitting_and_rotation() -> None:
-    writer, reader = split_url("postgresql://u@a:5432,b:5433/db")
-    assert "target_session_attrs=read-write" in writer
-    assert reader is not None and "prefer-standby" in reader and "load_balance_hosts" in reader
-    assert split_url("postgresql://u@a/db") == ("postgresql://u@a/db", None)
+    writer, readers = split_url("postgresql://u@a:5432,b:5433/db")
+    assert "target_session_attrs=read-write" in writer and "a,b" in writer
+    assert [psycopg.conninfo.conninfo_to_dict(r)["host"] for r in readers] == ["a", "b"]
+    assert [psycopg.conninfo.conninfo_to_dict(r)["port"] for r in readers] == ["5432", "5433"]
+    assert all("target_session_attrs=standby" in r for r in readers)
+    assert split_url("postgresql://u@a/db") == ("postgresql://u@a/db", [])
     assert hosts("host=a,b dbname=x") == ["a", "b"]
     assert later_lsn("0/10", "1/0") == "1/0" and later_lsn(None, "0/5") == "0/5"
+    # right after a page header (24 bytes; 40 on a segment's first page): the page's start
+    assert commit_lsn("0/3002018") == "0/3002000" and commit_lsn("0/3000028") == "0/3000000"
+    assert commit_lsn("0/3002030") == "0/3002030"
     r = Rotation(3)
     assert [r.order()[0] for _ in range(4)] == [0, 1, 2, 0]
     r.down(1)
+    r.down(1)  # a second failure while it is down does not lengthen its back-off
     assert 1 not in r.order() and r.is_down(1)
     r.up(1)
     assert not r.is_down(1)
 
 
+def test_only_the_servers_failures_move_a_read_to_another_server() -> None:
+    timeout = psycopg.errors.QueryCanceled("canceling statement due to statement timeout")
+    assert not is_server_failure(timeout, None)  # the read's own: never run twice
+    assert not is_server_failure(psycopg.errors.UndefinedTable("x"), None)
+    assert is_server_failure(psycopg.errors.AdminShutdown("shutting down"), None)
+    assert is_server_failure(psycopg.errors.SerializationFailure("conflict"), None)
+    wrapped = pgrag.PgragError("wrapped")
+    wrapped.__cause__ = psycopg.errors.CrashShutdown("crash")
+    assert is_server_failure(wrapped, None)
+
+
+def test_a_read_that_fails_on_its_own_runs_once_and_leaves_the_replica_up(pair: Pair) -> None:
+    calls = []
+
+    def slow(conn: psycopg.Connection[Any]) -> None:
+        calls.append(1)
+        conn.execute("set local statement_timeout = '10ms'")
+        conn.execute("select pg_sleep(1)")
+
+    with pgrag.connect(pair.primary_url, replicas=[pair.standby_url]) as client:
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            client._read(slow, None, None)
+        assert calls == [1]
+        with client.reading() as conn:
+            assert _in_recovery(conn)  # not marked down
+
+
 def test_a_replica_url_that_is_not_a_string_is_a_one_line_error(pair: Pair) -> None:
-    with pytest.raises(pgrag.ConfigError, match="replica URL"):
+    with pytest.raises(pgrag.ConfigError, match="replica URL '' is not a connection string"):
         pgrag.connect(pair.primary_url, replicas=[""])
+    with pytest.raises(pgrag.ConfigError, match="is not a connection string .missing"):
+        pgrag.connect(pair.primary_url, replicas=["host=a dbname"])
 
 
 def test_the_standby_command_starts_a_standby_and_refuses_a_primary(pair: Pair) -> None:
