@@ -110,29 +110,22 @@ def override(conn: psycopg.Connection[Any]) -> int | None:
     """An ``ALTER DATABASE / ROLE ... SET pgrag.ef_search`` for this database or role (it
     overrides the store's tuned value in new sessions), or None."""
     row = conn.execute(
-        "select split_part(c, '=', 2) from pg_db_role_setting s, unnest(s.setconfig) c "
+        "select pgrag._ef_search_value(split_part(c, '=', 2)) "
+        "from pg_db_role_setting s, unnest(s.setconfig) c "
         "where s.setdatabase in (0, (select oid from pg_database "
         "                            where datname = current_database())) "
         "  and s.setrole in (0, (select oid from pg_roles where rolname = current_user)) "
         "  and c like 'pgrag.ef\\_search=%%' "
         "order by s.setrole desc, s.setdatabase desc limit 1"
     ).fetchone()
-    value = str(row[0]) if row and row[0] else ""
-    return int(value) if value.isdigit() and len(value) <= 4 else None
+    return int(row[0]) if row and row[0] is not None else None
 
 
 def current_setting(conn: psycopg.Connection[Any]) -> int | None:
     """The tuned ef_search this session's searches use (an administrator's pgrag.ef_search
     setting, else the store's), or None."""
-    row = conn.execute(
-        "select current_setting('pgrag.ef_search', true), (select ef_search from pgrag.settings)"
-    ).fetchone()
-    if row is None:
-        return None
-    value = row[0]
-    if value and str(value).isdigit() and len(str(value)) <= 4:
-        return int(value)
-    return int(row[1]) if row[1] is not None else None
+    row = conn.execute("select pgrag._tuned_ef_search()").fetchone()
+    return int(row[0]) if row and row[0] is not None else None
 
 
 def _query_vectors(

@@ -271,6 +271,33 @@ comment on function pgrag._search_statement(text, text, boolean, name) is
     'The one search statement (CTEs: filter, HNSW or exact scan, full text, fusion)';
 
 
+create or replace function pgrag._ef_search_value(setting text)
+returns integer
+language sql immutable parallel safe security invoker
+set search_path = pg_catalog, pg_temp
+-- A pgrag.ef_search setting's value: 1 to 4 digits, else NULL (ignored). The one rule for what
+-- an administrator's ALTER DATABASE / ROLE SET pgrag.ef_search may hold: the search, `pgrag
+-- status` and the tuner read it through this.
+return case when setting ~ '^[0-9]{1,4}$' then setting::integer end;
+
+comment on function pgrag._ef_search_value(text) is
+    'A pgrag.ef_search setting''s value as an integer (1 to 4 digits), else NULL';
+
+
+create or replace function pgrag._tuned_ef_search()
+returns integer
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+-- The ef_search this session's searches start from: an administrator's pgrag.ef_search
+-- setting when it holds a value, else the store's (pgrag.settings.ef_search: `pgrag tune` and
+-- the worker measure it), else NULL.
+return coalesce(pgrag._ef_search_value(current_setting('pgrag.ef_search', true)),
+                (select s.ef_search from pgrag.settings s));
+
+comment on function pgrag._tuned_ef_search() is
+    'The tuned ef_search searches start from (an administrator''s setting, else the store''s)';
+
+
 create or replace function pgrag._search_plan(
     mode text, query_text text, query_embedding vector, model text, inout k integer,
     filter jsonb, doc_types text[], inout match text, candidates integer, ef_search integer,
@@ -368,12 +395,7 @@ begin
         -- `pgrag tune` and the worker measure), at most pgvector's 1,000: past that the
         -- iterative scan walks on until kc rows pass, up to max_scan_tuples (200 per candidate).
         ef := least(greatest(coalesce(ef_search, 2 * kc), kc, 40,
-                             case when ef_search is null then
-                                  coalesce(case when current_setting('pgrag.ef_search', true)
-                                                     ~ '^[0-9]{1,4}$'
-                                                then current_setting('pgrag.ef_search', true)
-                                                     ::integer end,
-                                           (select s.ef_search from pgrag.settings s)) end),
+                             case when ef_search is null then pgrag._tuned_ef_search() end),
                     pgrag._limit('ef_search'));
         max_scan_tuples := greatest(20000, 200 * kc);
         select n.nspname into strict vs
