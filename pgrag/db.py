@@ -8,7 +8,6 @@ every connection has the pgvector types registered.
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -86,7 +85,32 @@ class StoreStatus:
     tuning: dict[str, Any] | None = None
 
 
-class Client:
+class _Replicated:
+    """What both clients expose of their replicas' state (``pgrag.replicas.Reads``)."""
+
+    _reads: routing.Reads
+
+    @property
+    def written_lsn(self) -> str | None:
+        """The primary's WAL position after this client's last write (None before any)."""
+        return self._reads.written
+
+    @property
+    def read_your_writes(self) -> bool:
+        """Whether reads wait for this client's last write (``fresh=`` overrides per call)."""
+        return self._reads.read_your_writes
+
+    @read_your_writes.setter
+    def read_your_writes(self, value: bool) -> None:
+        self._reads.read_your_writes = value
+
+    @property
+    def replay_wait_s(self) -> float:
+        """How long a fresh read waits for a replica to replay the last write."""
+        return self._reads.replay_wait_s
+
+
+class Client(_Replicated):
     """pgrag on one database: a pool of connections with pgvector registered.
 
     Use as a context manager, or call ``close()``. With ``tenant``, every connection's session
@@ -111,18 +135,12 @@ class Client:
         read_your_writes: bool = False,
         replay_wait_s: float = routing.REPLAY_WAIT_S,
     ) -> None:
-        writer, hosts = routing.split_url(url)
-        readers = routing.check_urls(replicas) or hosts
+        self._reads = routing.Reads(url, replicas, read_your_writes, replay_wait_s)
+        writer, readers = self._reads.writer, self._reads.urls
         self.url = writer
         self.replicas = readers
-        self.read_your_writes = read_your_writes
-        self.replay_wait_s = replay_wait_s
         self.tenant = None if tenant is None else security.check_tenant(tenant)
-        self._written_lsn: str | None = None
-        self._lsn_unknown = False  # a write whose LSN could not be read: fresh reads go primary
-        self._lsn_lock = threading.Lock()
-        self._rotation = routing.Rotation(len(readers))
-        self._failures = [0] * len(readers)
+        self._rotation = self._reads.rotation
         self._pool = ConnectionPool(
             writer,
             configure=lambda conn: _configure(conn, self.tenant),
@@ -197,16 +215,10 @@ class Client:
             if not conn.autocommit:
                 conn.commit()
         except psycopg.Error:
-            with self._lsn_lock:
-                self._lsn_unknown = True
+            self._reads.lost()
             return
         if row and row[0]:
-            self._remember(routing.commit_lsn(str(row[0])))
-
-    def _remember(self, lsn: str) -> None:
-        with self._lsn_lock:
-            self._written_lsn = routing.later_lsn(self._written_lsn, lsn)
-            self._lsn_unknown = False
+            self._reads.remember(str(row[0]))
 
     def wrote(self, lsn: str | None = None) -> None:
         """Note a write made outside this client (its LSN, e.g. from
@@ -217,21 +229,7 @@ class Client:
                 row = conn.execute(routing.WRITTEN_LSN).fetchone()
             lsn = str(row[0]) if row else None
         if lsn:
-            self._remember(routing.commit_lsn(lsn))
-
-    @property
-    def written_lsn(self) -> str | None:
-        """The primary's WAL position after this client's last write (None before any)."""
-        with self._lsn_lock:
-            return self._written_lsn
-
-    def _wanted_lsn(self, read_your_writes: bool | None) -> tuple[bool, str | None]:
-        """(whether a replica may serve the read, the LSN it must have replayed or None)."""
-        fresh = self.read_your_writes if read_your_writes is None else read_your_writes
-        if not fresh:
-            return True, None
-        with self._lsn_lock:
-            return not self._lsn_unknown, self._written_lsn
+            self._reads.remember(lsn)
 
     def _on_replica(
         self,
@@ -245,12 +243,9 @@ class Client:
         within replay_wait_s). An error of the read itself is raised, never retried; a read
         that finished is never run again (its commit, read-only, may fail harmlessly)."""
         pool = self._readers[i]
-        seen = routing.failures(pool.get_stats())
-        if seen > self._failures[i]:  # the pool failed to connect since the last look
-            self._failures[i] = seen
-            if not routing.answers(self.replicas[i]):
-                self._rotation.down(i)
-                return "down", None
+        if self._reads.pool_failed(i, pool.get_stats()) and not routing.answers(self.replicas[i]):
+            self._rotation.down(i)
+            return "down", None
         try:
             conn = pool.getconn(timeout=routing.REPLICA_CONNECT_S)
         except PoolTimeout:
@@ -288,7 +283,7 @@ class Client:
         """``fn`` on a replica: each in turn at most once (one whose server fails under the
         read, or that is busy, passes it to the next), then on the primary (when none could,
         when one is behind the caller's write, or without replicas)."""
-        replica_ok, lsn = self._wanted_lsn(read_your_writes)
+        replica_ok, lsn = self._reads.wanted(read_your_writes)
         if replica_ok:
             for i in self._rotation.order():
                 outcome, result = self._on_replica(i, fn, tenant, lsn)
@@ -306,7 +301,7 @@ class Client:
         """A pooled connection for your own reads: a replica that answers (and, with
         read_your_writes, has this client's last write), else the primary. Errors inside the
         block are raised, not retried."""
-        replica_ok, lsn = self._wanted_lsn(read_your_writes)
+        replica_ok, lsn = self._reads.wanted(read_your_writes)
         chosen: ConnectionPool | None = None
         if replica_ok:
             for i in self._rotation.order():
@@ -561,7 +556,7 @@ async def _aconfigure(conn: psycopg.AsyncConnection[Any], tenant: str | None = N
     await conn.commit()
 
 
-class AsyncClient:
+class AsyncClient(_Replicated):
     """``Client``'s searches on asyncio: a pool of async connections with pgvector registered.
 
     ``async with await pgrag.aconnect(url) as client:``, then ``await client.search(...)``,
@@ -582,18 +577,12 @@ class AsyncClient:
         read_your_writes: bool = False,
         replay_wait_s: float = routing.REPLAY_WAIT_S,
     ) -> None:
-        writer, hosts = routing.split_url(url)
-        readers = routing.check_urls(replicas) or hosts
+        self._reads = routing.Reads(url, replicas, read_your_writes, replay_wait_s)
+        writer, readers = self._reads.writer, self._reads.urls
         self.url = writer
         self.replicas = readers
-        self.read_your_writes = read_your_writes
-        self.replay_wait_s = replay_wait_s
         self.tenant = None if tenant is None else security.check_tenant(tenant)
-        # (one event loop: no lock)
-        self._written_lsn: str | None = None
-        self._lsn_unknown = False
-        self._rotation = routing.Rotation(len(readers))
-        self._failures = [0] * len(readers)
+        self._rotation = self._reads.rotation
         self._pool = AsyncConnectionPool(
             writer,
             configure=lambda conn: _aconfigure(conn, self.tenant),
@@ -663,14 +652,10 @@ class AsyncClient:
             if not conn.autocommit:
                 await conn.commit()
         except psycopg.Error:
-            self._lsn_unknown = True
+            self._reads.lost()
             return
         if row and row[0]:
-            self._remember(routing.commit_lsn(str(row[0])))
-
-    def _remember(self, lsn: str) -> None:
-        self._written_lsn = routing.later_lsn(self._written_lsn, lsn)
-        self._lsn_unknown = False
+            self._reads.remember(str(row[0]))
 
     async def wrote(self, lsn: str | None = None) -> None:
         """``Client.wrote`` on asyncio: note a write made outside this client (None: the
@@ -681,17 +666,7 @@ class AsyncClient:
                 row = await cur.fetchone()
             lsn = str(row[0]) if row else None
         if lsn:
-            self._remember(routing.commit_lsn(lsn))
-
-    @property
-    def written_lsn(self) -> str | None:
-        return self._written_lsn
-
-    def _wanted_lsn(self, read_your_writes: bool | None) -> tuple[bool, str | None]:
-        fresh = self.read_your_writes if read_your_writes is None else read_your_writes
-        if not fresh:
-            return True, None
-        return not self._lsn_unknown, self._written_lsn
+            self._reads.remember(lsn)
 
     async def _on_replica(
         self,
@@ -702,12 +677,11 @@ class AsyncClient:
     ) -> tuple[str, _T | None]:
         """``Client._on_replica`` on asyncio."""
         pool = self._readers[i]
-        seen = routing.failures(pool.get_stats())
-        if seen > self._failures[i]:  # the pool failed to connect since the last look
-            self._failures[i] = seen
-            if not await routing.aanswers(self.replicas[i]):
-                self._rotation.down(i)
-                return "down", None
+        if self._reads.pool_failed(i, pool.get_stats()) and not await routing.aanswers(
+            self.replicas[i]
+        ):
+            self._rotation.down(i)
+            return "down", None
         try:
             conn = await pool.getconn(timeout=routing.REPLICA_CONNECT_S)
         except PoolTimeout:
@@ -744,7 +718,7 @@ class AsyncClient:
         read_your_writes: bool | None,
     ) -> _T:
         """``Client._read`` on asyncio."""
-        replica_ok, lsn = self._wanted_lsn(read_your_writes)
+        replica_ok, lsn = self._reads.wanted(read_your_writes)
         if replica_ok:
             for i in self._rotation.order():
                 outcome, result = await self._on_replica(i, fn, tenant, lsn)
@@ -764,7 +738,7 @@ class AsyncClient:
         async def nothing(_conn: psycopg.AsyncConnection[Any]) -> None:
             return None
 
-        replica_ok, lsn = self._wanted_lsn(read_your_writes)
+        replica_ok, lsn = self._reads.wanted(read_your_writes)
         chosen: AsyncConnectionPool | None = None
         if replica_ok:
             for i in self._rotation.order():

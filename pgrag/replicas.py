@@ -257,3 +257,57 @@ def check_urls(replicas: Sequence[str]) -> list[str]:
             "as postgresql://USER@HOST:PORT/DBNAME"
         )
     return out
+
+
+class Reads:
+    """What a client knows about its replicas, whichever client (sync or asyncio) holds the
+    pools: the writer URL and the replica URLs (``split_url``, ``check_urls``), the rotation,
+    each pool's failures seen so far, and the caller's last write. Thread-safe."""
+
+    def __init__(
+        self, url: str, replicas: Sequence[str], read_your_writes: bool, replay_wait_s: float
+    ) -> None:
+        self.writer, hosts_ = split_url(url)
+        self.urls = check_urls(replicas) or hosts_
+        self.read_your_writes = read_your_writes
+        self.replay_wait_s = replay_wait_s
+        self.rotation = Rotation(len(self.urls))
+        self._failures = [0] * len(self.urls)
+        self._written: str | None = None
+        self._unknown = False  # a write whose position could not be read
+        self._lock = threading.Lock()
+
+    def remember(self, insert_lsn: str) -> None:
+        """A write of the caller's, at the primary's insert position read after it."""
+        with self._lock:
+            self._written = later_lsn(self._written, commit_lsn(insert_lsn))
+            self._unknown = False
+
+    def lost(self) -> None:
+        """A write whose position could not be read: fresh reads go to the primary until the
+        next write's position is remembered."""
+        with self._lock:
+            self._unknown = True
+
+    @property
+    def written(self) -> str | None:
+        with self._lock:
+            return self._written
+
+    def wanted(self, read_your_writes: bool | None) -> tuple[bool, str | None]:
+        """(whether a replica may serve the read, the LSN it must have replayed or None)."""
+        fresh = self.read_your_writes if read_your_writes is None else read_your_writes
+        if not fresh:
+            return True, None
+        with self._lock:
+            return not self._unknown, self._written
+
+    def pool_failed(self, i: int, stats: dict[str, int]) -> bool:
+        """Whether replica i's pool failed or lost connections since the last look: its
+        server may be gone, and a read asks it directly before waiting for the pool."""
+        seen = failures(stats)
+        with self._lock:
+            if seen <= self._failures[i]:
+                return False
+            self._failures[i] = seen
+            return True
