@@ -1,6 +1,7 @@
 """Concurrent writers with pgrag's triggers: transactions per second and latency, by sync mode.
 
     python bench/writers_bench.py [--customers 2000] [--seconds 15] [--rounds 3] [--clients 1 4]
+                                  [--rates 0]
 
 In a scratch database `pgrag_bench_writers` (created and dropped) on PGRAG_DATABASE_URL's
 server (default: the embedded one): the sample shop with its documents, then pgbench (shipped
@@ -12,6 +13,10 @@ round, the same script and seconds:
   commit  the default: the documents a transaction changed are rendered at its commit
   queue   the triggers record the keys; a worker renders them meanwhile (its render lag, queued
           to rendered, and the queue left at the end are reported)
+
+With ``--rates``, pgbench offers that many transactions per second in all (``-R``; 0: as many
+as the writers can), each rate a run of its own: at a rate the writers can sustain, the queue
+mode's render lag and the queue left say whether the worker keeps up with it.
 
 Prints markdown with the load average. Figures: docs/benchmarks.md.
 """
@@ -45,8 +50,11 @@ SCRIPT = (
 )
 
 
-def pgbench(url: str, clients: int, seconds: float, mode: str, max_item: int) -> dict[str, float]:
-    """One pgbench run: tps and per-transaction latency percentiles (from its log)."""
+def pgbench(
+    url: str, clients: int, seconds: float, mode: str, max_item: int, rate: int = 0
+) -> dict[str, float]:
+    """One pgbench run: tps and per-transaction latency percentiles (from its log); ``rate``
+    transactions per second offered in all (0: unthrottled)."""
     info = psycopg.conninfo.conninfo_to_dict(url)
     env = dict(os.environ)
     env["PGOPTIONS"] = f"-c pgrag.sync={mode}" if mode != "commit" else ""
@@ -59,6 +67,7 @@ def pgbench(url: str, clients: int, seconds: float, mode: str, max_item: int) ->
             "-D", f"max_item={max_item}", "-l", "--log-prefix", str(Path(tmp) / "log"),
             "-h", str(info.get("host", "")), "-p", str(info.get("port", 5432)),
             "-U", str(info.get("user", "postgres")), str(info["dbname"]),
+            *(["-R", str(rate)] if rate else []),
         ]  # fmt: skip
         out = subprocess.run(argv, env=env, capture_output=True, text=True, check=True).stdout
         latencies = sorted(
@@ -131,6 +140,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--modes", nargs="+", default=["off", "commit", "queue"])
+    ap.add_argument("--rates", type=int, nargs="+", default=[0], help="offered tx/s (0: all)")
     args = ap.parse_args()
 
     admin = resolve_url(None)
@@ -147,20 +157,27 @@ def main() -> None:
             conn.execute("vacuum analyze")
             max_item = conn.execute("select max(order_item_id) from shop.order_items").fetchone()
         assert max_item is not None
-        results: dict[tuple[str, int], list[dict[str, float]]] = {}
+        results: dict[tuple[str, int, int], list[dict[str, float]]] = {}
         for r in range(args.rounds):
-            for clients in args.clients:
-                for mode in args.modes:
-                    with psycopg.connect(url) as conn:
-                        since = conn.execute("select clock_timestamp()").fetchone()
-                    if mode == "queue":
-                        with RenderWorker(url):
-                            out = pgbench(url, clients, args.seconds, mode, max_item[0])
-                            out |= queue_state(url, since[0] if since else None)
-                    else:
-                        out = pgbench(url, clients, args.seconds, mode, max_item[0])
-                    results.setdefault((mode, clients), []).append(out)
-                    print(f"round {r + 1} {mode} x{clients}: {out['tps']:.0f} tps", flush=True)
+            for rate in args.rates:
+                for clients in args.clients:
+                    for mode in args.modes:
+                        with psycopg.connect(url) as conn:
+                            conn.execute("delete from pgrag.render_queue")  # a run's own
+                            conn.commit()
+                            since = conn.execute("select clock_timestamp()").fetchone()
+                        if mode == "queue":
+                            with RenderWorker(url):
+                                out = pgbench(url, clients, args.seconds, mode, max_item[0], rate)
+                                out |= queue_state(url, since[0] if since else None)
+                        else:
+                            out = pgbench(url, clients, args.seconds, mode, max_item[0], rate)
+                        results.setdefault((mode, clients, rate), []).append(out)
+                        print(
+                            f"round {r + 1} {mode} x{clients} rate {rate or 'all'}: "
+                            f"{out['tps']:.0f} tps",
+                            flush=True,
+                        )
         report(args, stats, results)
     finally:
         with psycopg.connect(admin, autocommit=True) as c:
@@ -176,28 +193,31 @@ def report(
         f"{stats.order_items:,} items; {args.rounds} rounds of {args.seconds:.0f} s, "
         f"interleaved; load average at the end {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
     )
-    print("| mode | writers | tx/s (median of rounds) | p50 ms | p95 ms | vs off, same writers |"
-          " render lag p50 / p95 / max ms | queue left |")  # fmt: skip
-    print("|---|---:|---:|---:|---:|---:|---|---:|")
-    for clients in args.clients:
-        base = statistics.median(r["tps"] for r in results.get(("off", clients), [{"tps": 0}]))
-        for mode in args.modes:
-            rows = results[(mode, clients)]
-            tps = statistics.median(r["tps"] for r in rows)
-            lag = (
-                f"{statistics.median(r['lag_p50'] for r in rows):.0f} / "
-                f"{statistics.median(r['lag_p95'] for r in rows):.0f} / "
-                f"{max(r['lag_max'] for r in rows):.0f}"
-                if mode == "queue"
-                else ""
+    print("| offered tx/s | mode | writers | tx/s (median of rounds) | p50 ms | p95 ms |"
+          " vs off, same writers | render lag p50 / p95 / max ms | queue left |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---|---:|")
+    for rate in args.rates:
+        for clients in args.clients:
+            base = statistics.median(
+                r["tps"] for r in results.get(("off", clients, rate), [{"tps": 0}])
             )
-            left = str(int(max(r["left"] for r in rows))) if mode == "queue" else ""
-            print(
-                f"| {mode} | {clients} | {tps:,.0f} | "
-                f"{statistics.median(r['p50'] for r in rows):.2f} | "
-                f"{statistics.median(r['p95'] for r in rows):.2f} | "
-                f"{tps / base if base else 0:.2f} | {lag} | {left} |"
-            )
+            for mode in args.modes:
+                rows = results[(mode, clients, rate)]
+                tps = statistics.median(r["tps"] for r in rows)
+                lag = (
+                    f"{statistics.median(r['lag_p50'] for r in rows):.0f} / "
+                    f"{statistics.median(r['lag_p95'] for r in rows):.0f} / "
+                    f"{max(r['lag_max'] for r in rows):.0f}"
+                    if mode == "queue"
+                    else ""
+                )
+                left = str(int(max(r["left"] for r in rows))) if mode == "queue" else ""
+                print(
+                    f"| {rate or 'all'} | {mode} | {clients} | {tps:,.0f} | "
+                    f"{statistics.median(r['p50'] for r in rows):.2f} | "
+                    f"{statistics.median(r['p95'] for r in rows):.2f} | "
+                    f"{tps / base if base else 0:.2f} | {lag} | {left} |"
+                )
 
 
 if __name__ == "__main__":
