@@ -383,6 +383,24 @@ def test_progress_off_a_terminal_is_plain_lines_with_rate_and_time_left() -> Non
     assert out.getvalue().splitlines()[-1].endswith("(100%), 8.0 chunks/s, done in 4 min 50 s")
 
 
+def test_rebuild_progress_off_a_terminal_is_plain_lines_too(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("create table public.notes (id int primary key, body text)")
+        conn.execute(
+            "insert into public.notes select g, 'note ' || g from generate_series(1, 50) g"
+        )
+        conn.execute(
+            "select pgrag.declare_document('note', 'select id as source_key, body as text "
+            'from public.notes\', \'{"public.notes": "select id from changed"}\'::jsonb)'
+        )
+    out = run_pgrag("rebuild", "note", env={"PGRAG_DATABASE_URL": db_url})
+    assert out.returncode == 0, out.stderr
+    assert "\r" not in out.stderr
+    assert any(
+        line.startswith("note: 50/50 documents (100%)") for line in out.stderr.splitlines()
+    ), out.stderr
+
+
 def test_no_progress_when_disabled_or_nothing_to_do() -> None:
     out = io.StringIO()
     for progress in (EmbedProgress(10, stream=out, enabled=False), EmbedProgress(0, stream=out)):

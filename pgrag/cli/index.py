@@ -134,22 +134,23 @@ def drop(ctx: click.Context, filter_or_name: str, if_exists: bool) -> None:
 
 
 def _progress() -> Callable[[str | None, int, int], None]:
-    """One tqdm bar over the table's blocks, its label the build's phase; None closes it."""
-    from tqdm import tqdm
+    """Progress over the table's blocks, one per phase of the build (a bar on a terminal,
+    plain lines elsewhere: ``EmbedProgress``); None closes it."""
+    from pgrag.embed.progress import EmbedProgress
 
     state: dict[str, Any] = {}
 
     def update(phase: str | None, done: int, total: int) -> None:
-        bar = state.get("bar")
+        shown = state.get("shown")
         if phase is None:
-            if bar is not None:
-                bar.close()
+            if shown is not None:
+                shown.close()
             return
-        if bar is None or state.get("phase") != phase:
-            if bar is not None:
-                bar.close()
-            bar = state["bar"] = tqdm(total=total or None, desc=phase, unit="block", disable=None)
+        if shown is None or state.get("phase") != phase:
+            if shown is not None:
+                shown.close()
+            shown = state["shown"] = EmbedProgress(total, desc=phase, unit="block")
             state["phase"] = phase
-        bar.update(max(done - bar.n, 0))
+        shown.advance_to(done)
 
     return update

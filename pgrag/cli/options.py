@@ -111,21 +111,20 @@ def url_of(ctx: click.Context) -> str:
     return resolve_url(None)
 
 
-def rebuild_progress(unit: str = "doc") -> Callable[[str, int, int], None]:
-    """A tqdm bar per name (document type, stage), fed by a (name, done, total) callback."""
-    from tqdm import tqdm
+def rebuild_progress(unit: str = "document") -> Callable[[str, int, int], None]:
+    """Progress per name (document type, stage), fed by a (name, done, total) callback: a bar
+    on a terminal, plain lines elsewhere (``EmbedProgress``)."""
+    from pgrag.embed.progress import EmbedProgress
 
-    bars: dict[str, Any] = {}
+    shown: dict[str, EmbedProgress] = {}
 
     def update(doc_type: str, done: int, total: int) -> None:
-        bar = bars.get(doc_type)
-        if bar is None:
-            bar = bars[doc_type] = tqdm(
-                total=total, desc=doc_type, unit=unit, disable=None, leave=True
-            )
-        bar.update(done - bar.n)
+        progress = shown.get(doc_type)
+        if progress is None:
+            progress = shown[doc_type] = EmbedProgress(total, desc=doc_type, unit=unit)
+        progress.advance_to(done)
         if done >= total:
-            bar.close()
+            progress.close()
 
     return update
 

@@ -1,4 +1,5 @@
-"""Progress of an embedding run, on stderr: a live bar on a terminal, plain lines elsewhere.
+"""Progress of long work on stderr (embedding, rebuilds, index builds): a live bar on a
+terminal, plain lines elsewhere.
 
 A bar redraws itself with carriage returns, which a log file or a pipe keeps as one long line of
 frames; and a pseudo-terminal without a size (some IDEs, ``docker exec -t``, agent shells) shows
@@ -39,10 +40,12 @@ def duration(seconds: float) -> str:
 
 
 class EmbedProgress:
-    """Counts embedded chunks against ``total`` and shows them with their rate and the time left.
+    """Counts work done (chunks by default) against ``total`` and shows it with its rate and
+    the time left.
 
     ``update(n)`` after each batch; ``close()`` (or the ``with`` block) at the end. ``enabled``
-    False shows nothing. ``clock`` is for tests.
+    False shows nothing. ``unit`` names one item of the work (``document``, ``block``).
+    ``clock`` is for tests.
     """
 
     def __init__(
@@ -50,6 +53,7 @@ class EmbedProgress:
         total: int,
         *,
         desc: str = "embedding",
+        unit: str = "chunk",
         stream: TextIO | None = None,
         enabled: bool = True,
         every_s: float = EVERY_S,
@@ -58,6 +62,7 @@ class EmbedProgress:
         self.total = total
         self.done = 0
         self.desc = desc
+        self.unit = unit
         self.stream = stream if stream is not None else sys.stderr
         self.every_s = every_s
         self.clock = clock
@@ -71,7 +76,7 @@ class EmbedProgress:
                 from tqdm import tqdm
 
                 self._bar = tqdm(
-                    total=total, desc=desc, unit="chunk", file=self.stream, dynamic_ncols=True
+                    total=total, desc=desc, unit=unit, file=self.stream, dynamic_ncols=True
                 )
             else:
                 self._plain = True
@@ -93,8 +98,9 @@ class EmbedProgress:
         elapsed = (self.clock() if now is None else now) - self.started
         rate = self.done / elapsed if elapsed > 0 else 0.0
         percent = min(self.done * 100 // self.total, 100) if self.total else 100
+        units = f"{self.unit}s"
         text = (
-            f"{self.desc}: {self.done:,}/{self.total:,} chunks ({percent}%), {rate:,.1f} chunks/s"
+            f"{self.desc}: {self.done:,}/{self.total:,} {units} ({percent}%), {rate:,.1f} {units}/s"
         )
         left = self.total - self.done
         if left <= 0:
@@ -102,6 +108,11 @@ class EmbedProgress:
         if rate > 0:
             return f"{text}, about {duration(left / rate)} left"
         return text
+
+    def advance_to(self, done: int) -> None:
+        """``update`` with the count done so far rather than the increment."""
+        if done > self.done:
+            self.update(done - self.done)
 
     def close(self) -> None:
         if self._bar is not None:
