@@ -17,7 +17,7 @@ import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, LiteralString, TypedDict
+from typing import TYPE_CHECKING, Any, LiteralString, TypedDict, Unpack
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -27,7 +27,7 @@ from pgrag.answer import Answer, Context, LLMConfig, answer, not_found_answer
 from pgrag.errors import ConfigError, DocumentError
 from pgrag.filters import check_filter
 from pgrag.limits import check_question
-from pgrag.parse import Link, ParsedQuery, parse_question
+from pgrag.parse import Link, ParsedQuery, RankBy, parse_question
 from pgrag.rerank import Reranker
 from pgrag.search import SearchHit, SearchResult
 from pgrag.vocabulary import Vocabulary, load_vocabulary, name_words, same_word, tokens
@@ -173,7 +173,52 @@ def ask(
     """Answer ``question`` from the store. ``filter`` / ``doc_types`` replace the parsed ones;
     ``stats`` forces exact statistics on or off (default: when the parse says numbers are asked
     for). ``llm`` defaults to ``LLMConfig.from_env()`` (extractive answer when none). ``among``:
-    the declared types the question may be about (default: every one)."""
+    the declared types the question may be about (default: every one).
+
+    Two steps: ``find`` (the database's part) then ``respond`` (rerank and answer, no
+    connection); the Client runs ``find`` on a pooled connection and gives it back before the
+    rerank and the LLM, which may take seconds."""
+    args = AskArgs(
+        k=k,
+        top_n=top_n,
+        filter=filter,
+        doc_types=doc_types,
+        stats=stats,
+        llm=llm,
+        use_env_llm=use_env_llm,
+        reranker=reranker,
+        embedder=embedder,
+        today=today,
+        among=among,
+    )
+    return respond(find(conn, question, **args), **args)
+
+
+@dataclass(frozen=True)
+class Found:
+    """What ``find`` read from the database for a question; ``respond`` answers from it
+    alone."""
+
+    question: str
+    parsed: ParsedQuery
+    vocabulary: Vocabulary
+    filter: dict[str, Any]
+    notes: tuple[str, ...]
+    result: SearchResult | None
+    missing: str | None
+    rank: RankBy | None
+    parse_ms: float
+    started: float
+
+
+def find(conn: psycopg.Connection[Any], question: str, **args: Unpack[AskArgs]) -> Found:
+    """``ask``'s database part: parse the question against the store's vocabulary, resolve
+    links and names, search (or rank) with exact statistics when numbers are asked for."""
+    filter = args.get("filter")
+    doc_types = args.get("doc_types")
+    among = args.get("among")
+    stats = args.get("stats")
+    top_n = args.get("top_n", DEFAULT_TOP_N)
     check_question(question)
     if not question.strip():
         raise ConfigError("the question is empty: ask something, e.g. 'How many orders in 2024?'")
@@ -181,7 +226,7 @@ def ask(
     vocabulary = load_vocabulary(conn)
     if among is not None:
         vocabulary = vocabulary.only(among)
-    parsed = parse_question(question, vocabulary, today=today)
+    parsed = parse_question(question, vocabulary, today=args.get("today"))
     notes = list(parsed.notes)
     flt: dict[str, Any] = dict(filter) if filter is not None else dict(parsed.filter)
     types: list[str] | None
@@ -225,9 +270,9 @@ def ask(
                 parsed.search_text,
                 filter=flt,
                 doc_types=types,
-                k=k,
+                k=args.get("k", 10),
                 stats=want_stats,
-                embedder=embedder,
+                embedder=args.get("embedder"),
             )
         if not found.hits and flt and filter is None:
             nothing = (
@@ -238,16 +283,37 @@ def ask(
                 notes.append(nothing + ": the exact statistics are over no document")
             else:
                 missing = nothing
+    return Found(
+        question=question,
+        parsed=parsed,
+        vocabulary=vocabulary,
+        filter=flt,
+        notes=tuple(notes),
+        result=found,
+        missing=missing,
+        rank=rank,
+        parse_ms=parse_ms,
+        started=started,
+    )
+
+
+def respond(f: Found, **args: Unpack[AskArgs]) -> AskResult:
+    """``ask``'s second part, with no connection: rerank what ``find`` found and answer (the
+    LLM, or extractive), with the timings of both parts."""
+    top_n = args.get("top_n", DEFAULT_TOP_N)
+    llm = args.get("llm")
+    found, missing, rank, parsed, flt = f.result, f.missing, f.rank, f.parsed, f.filter
+    notes = list(f.notes)
     t = time.perf_counter()
     if found is None or missing is not None:
         kept: tuple[SearchHit, ...] = ()
     elif rank is not None:
         kept = found.hits[: rank.limit or top_n]  # the ranking is the order asked for
     else:
-        ranked = (reranker or Reranker(top_n=top_n)).rerank(question, found.hits)
+        ranked = (args.get("reranker") or Reranker(top_n=top_n)).rerank(f.question, found.hits)
         kept = tuple(r.hit for r in ranked.hits)
     rerank_ms = (time.perf_counter() - t) * 1000
-    if llm is None and use_env_llm:
+    if llm is None and args.get("use_env_llm", True):
         llm = LLMConfig.from_env()
     t = time.perf_counter()
     stats_found = found.stats if found is not None else None
@@ -256,25 +322,25 @@ def ask(
         result = not_found_answer(missing)
     else:
         result = answer(
-            question,
+            f.question,
             contexts_of(kept),
             stats_found,
             llm=llm,
             headline=None
-            if rank is not None or _partial(parsed, vocabulary, flt)
-            else pick_statistic(question, parsed, stats_found),
+            if rank is not None or _partial(parsed, f.vocabulary, flt)
+            else pick_statistic(f.question, parsed, stats_found),
         )
     generate_ms = (time.perf_counter() - t) * 1000
     timings = {
-        "parse_ms": round(parse_ms, 3),
+        "parse_ms": round(f.parse_ms, 3),
         "embed_ms": found.timings.get("embed_ms", 0.0) if found else 0.0,
         "search_ms": found.timings.get("search_ms", 0.0) if found else 0.0,
         "rerank_ms": round(rerank_ms, 3),
         "generate_ms": round(generate_ms, 3),
-        "total_ms": round((time.perf_counter() - started) * 1000, 3),
+        "total_ms": round((time.perf_counter() - f.started) * 1000, 3),
     }
     return AskResult(
-        question=question,
+        question=f.question,
         parsed=parsed,
         filter=flt,
         hits=kept,
@@ -369,4 +435,4 @@ def _in_text(conn: psycopg.Connection[Any], phrase: str) -> bool:
     return bool(row and row[0])
 
 
-__all__ = ["AskResult", "ask", "contexts_of", "pick_statistic"]
+__all__ = ["AskResult", "Found", "ask", "contexts_of", "find", "pick_statistic", "respond"]

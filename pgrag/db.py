@@ -473,10 +473,13 @@ class Client(_Replicated):
         fresh: bool | None = None,
         **args: Unpack[AskArgs],
     ) -> AskResult:
-        """Question → filters → search → rerank → grounded answer (``pgrag.ask.ask``)."""
-        from pgrag.ask import ask
+        """Question → filters → search → rerank → grounded answer (``pgrag.ask.ask``). The
+        database's part runs on a pooled connection (a replica's, with replicas), which goes
+        back to the pool before the rerank and the LLM."""
+        from pgrag.ask import find, respond
 
-        return self._read(lambda conn: ask(conn, question, **args), tenant, fresh)
+        found = self._read(lambda conn: find(conn, question, **args), tenant, fresh)
+        return respond(found, **args)
 
     # ---- filter indexes (pgrag/filter_index.py) ----
 

@@ -8,10 +8,12 @@ from typing import Any
 import psycopg
 import pytest
 
+import pgrag
 from pgrag.answer import NOT_FOUND, LLMConfig
 from pgrag.ask import ask
 from pgrag.embed.base import Embedder
 from pgrag.errors import DocumentError
+from pgrag.rerank import Reranker
 from pgrag.vocabulary import forget_vocabulary
 
 from .chat_server import ChatServer, Reply
@@ -154,3 +156,44 @@ def test_an_undeclared_document_type_is_an_error_not_dropped(
             embedder=default_embedder(),
             use_env_llm=False,
         )
+
+
+class _CountingReranker(Reranker):
+    """The default reranker, noting how many of the client's connections are lent out."""
+
+    def __init__(self, client: pgrag.Client) -> None:
+        super().__init__(top_n=5)
+        self.client = client
+        self.lent: int | None = None
+
+    def rerank(self, query: str, hits: Any, *, deduplicate: bool = True) -> Any:
+        stats = self.client._pool.get_stats()
+        self.lent = stats.get("pool_size", 0) - stats.get("pool_available", 0)
+        return super().rerank(query, hits, deduplicate=deduplicate)
+
+
+def test_client_ask_gives_its_connection_back_before_the_rerank_and_the_llm(db_url: str) -> None:
+    """The rerank and the LLM may take seconds: the database's part is done by then, and the
+    pooled connection is back in the pool (not idle in a transaction holding a snapshot)."""
+    embedder: Embedder = default_embedder()
+    with psycopg.connect(db_url) as conn:
+        load_tiny_shop(conn)
+        rows = conn.execute("select id, text from pgrag.chunks order by id").fetchall()
+        vecs = embedder.embed([r[1] for r in rows])
+        conn.execute("update pgrag.settings set embedding_model = %s", (embedder.name,))
+        for (cid, _), v in zip(rows, vecs, strict=True):
+            conn.execute(
+                "update pgrag.chunks set embedding = %s::real[]::vector, embedding_model = %s "
+                "where id = %s",
+                (v.tolist(), embedder.name, cid),
+            )
+    forget_vocabulary()
+    with pgrag.connect(db_url, min_size=1, max_size=2) as client:
+        reranker = _CountingReranker(client)
+        result = client.ask(
+            "Which orders include a mouse?",
+            reranker=reranker,
+            embedder=embedder,
+            use_env_llm=False,
+        )
+        assert result.hits and reranker.lent == 0
