@@ -386,6 +386,38 @@ def test_every_value_is_bound_or_quoted(synthetic_url: str) -> None:
 # ---- the tiny shop, embedded with the real default model ----
 
 
+def test_a_search_statement_is_prepared_once_per_shape_and_a_session_keeps_fifty(
+    synthetic_url: str,
+) -> None:
+    qs = _queries(70)
+    prepared = "select count(*) from pg_prepared_statements where name like 'pgrag\\_search\\_%'"
+    with psycopg.connect(synthetic_url, autocommit=True) as conn:
+        for q in qs[:5]:  # the same shape, other vectors: one statement
+            s.search(conn, vector=q, model="synthetic", k=10, mode="vector")
+        assert conn.execute(prepared).fetchone() == (1,)
+        for topic in range(60):  # a statement per filter value, at most 50 kept
+            hits = s.search(
+                conn, vector=qs[topic], model="synthetic", k=5, mode="vector",
+                filter={"topic": topic},
+            ).hits  # fmt: skip
+            assert hits and all(h.metadata["topic"] == topic for h in hits)
+            row = conn.execute(prepared).fetchone()
+            assert row is not None and 1 <= row[0] <= 50
+
+
+def test_a_filter_value_that_looks_like_a_parameter_is_searched_as_written(
+    shop: psycopg.Connection[Any],
+) -> None:
+    """The search statement writes its limits where $3..$8 stood before the filter goes in:
+    a value holding '$3' is compared as written."""
+    shop.execute("update shop.customers set name = 'Ann $3 $8' where customer_id = 1")
+    found = s.search(
+        shop, "customer", mode="text", filter={"name": "Ann $3 $8"},
+        doc_types=["customer_profile"],
+    )  # fmt: skip
+    assert [h.source_key for h in found.hits] == ["1"]
+
+
 @pytest.fixture(scope="module")
 def embedder() -> Embedder:
     return get_embedder(None)

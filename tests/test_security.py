@@ -565,6 +565,29 @@ def test_tenant_scope_sets_the_tenant_for_a_block_only(crm: Crm) -> None:
             pass
 
 
+def test_a_prepared_search_serves_every_tenant_and_role_of_a_session_its_own_rows(
+    crm: Crm,
+) -> None:
+    """The search statement is prepared once per session and shape (pgrag._search): one
+    session that changes its tenant, and its role, reuses it and sees each time only what
+    that tenant and role may see."""
+    vector = np.random.default_rng(7).standard_normal(384).astype(np.float32)
+    search = "select id from pgrag.vector_search(%s, 200, '{}'::jsonb, null)"
+    with psycopg.connect(as_role(crm.url, WRITER), autocommit=True) as conn:
+        register_vector(conn)
+        everyone = {r[0] for r in conn.execute(search, (vector,))}
+        assert any(crm.tenant_of[i] for i in everyone)  # the writer sees every tenant
+        conn.execute(f"set role {READER}")
+        for tenant in (*TENANTS, None):
+            conn.execute("select set_config('pgrag.tenant', %s, false)", (tenant or "",))
+            ids = {r[0] for r in conn.execute(search, (vector,))}
+            assert ids and all(_visible(crm, tenant, i) for i in ids), tenant
+        prepared = conn.execute(
+            "select count(*) from pg_prepared_statements where name like 'pgrag\\_search\\_%'"
+        ).fetchone()
+        assert prepared == (1,)  # one shape, prepared once, used by both roles and all tenants
+
+
 # ---- sensitive columns ----
 
 
