@@ -398,10 +398,15 @@ def test_a_key_the_source_yields_twice_is_a_render_error_not_a_silent_pick(
     documents.refresh(shop, "nicknamed")
     shop.execute("insert into shop.nick values (2, 'Deuce')")
     assert chunk(shop, "nicknamed", "2")["text"] == "Ace"  # type: ignore[index]
+    shop.execute("insert into shop.nick values (3, 'Trey'), (3, 'Tres')")  # a new one, twice
+    assert chunk(shop, "nicknamed", "3") is None
     errors = shop.execute(
-        "select source_key, sqlstate, message from pgrag.render_errors"
+        "select source_key, sqlstate, message from pgrag.render_errors order by source_key"
     ).fetchall()
-    assert errors == [("2", "PR004", "the source of nicknamed yields source_key 2 more than once")]
+    assert errors == [
+        ("2", "PR004", "the source of nicknamed yields source_key 2 more than once"),
+        ("3", "PR004", "the source of nicknamed yields source_key 3 more than once"),
+    ]
 
 
 def test_concurrent_writers_of_one_document_lose_nothing(shop_committed: str) -> None:

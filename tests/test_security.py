@@ -8,6 +8,7 @@ shared FAQ; its accounts' emails are masked and phones omitted.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import re
@@ -586,6 +587,50 @@ def test_a_prepared_search_serves_every_tenant_and_role_of_a_session_its_own_row
             "select count(*) from pg_prepared_statements where name like 'pgrag\\_search\\_%'"
         ).fetchone()
         assert prepared == (1,)  # one shape, prepared once, used by both roles and all tenants
+
+
+def test_a_search_statement_prepared_by_a_lesser_role_never_runs_for_a_greater_one(
+    crm: Crm,
+) -> None:
+    """A session's role prepares, under the name pgrag would use, a statement of its own;
+    a security definer function of a greater role then searches in the same session. pgrag
+    runs only the very statement it prepares: the other is replaced, never run."""
+    with psycopg.connect(crm.url, autocommit=True) as admin:
+        admin.execute(
+            "create or replace function public.search_as_owner(v vector) "
+            "returns setof pgrag.search_hit language sql security definer "
+            "set search_path = pg_catalog, public "
+            "as $$ select * from pgrag.vector_search(v, 5, '{}'::jsonb, null) $$"
+        )
+        admin.execute(f"grant execute on function public.search_as_owner(vector) to {READER}")
+    try:
+        vector = np.random.default_rng(11).standard_normal(384).astype(np.float32)
+        with psycopg.connect(as_role(crm.url, READER), autocommit=True) as conn:
+            register_vector(conn)
+            plan = conn.execute(
+                "select statement from pgrag._search_plan('vector', null, %s, null, 5, "
+                "'{}'::jsonb, null, null, null, null, null, null, null)",
+                (vector,),
+            ).fetchone()
+            assert plan is not None
+            digest = hashlib.sha256(str(plan[0]).encode()).hexdigest()[:40]
+            name = f"pgrag_search_{digest}"
+            conn.execute(
+                f"prepare {name} (text, vector) as select -1::bigint, 'hijack'::text, "
+                "current_user::text, ''::text, '{}'::jsonb, 0::float8, 0::float8, 0, 0, "
+                "0::real, null::bigint, null::text, null::text, 'hijacked'::text"
+            )
+            rows = conn.execute(
+                "select id, scan from public.search_as_owner(%s)", (vector,)
+            ).fetchall()
+            assert rows and all(r[0] != -1 and r[1] != "hijacked" for r in rows)
+            held = conn.execute(
+                "select statement from pg_prepared_statements where name = %s", (name,)
+            ).fetchone()
+            assert held is not None and "hijack" not in held[0]
+    finally:
+        with psycopg.connect(crm.url, autocommit=True) as admin:
+            admin.execute("drop function public.search_as_owner(vector)")
 
 
 # ---- sensitive columns ----

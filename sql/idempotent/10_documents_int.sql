@@ -450,9 +450,11 @@ begin
                 insert into pgrag.chunks as c
                        (doc_type, source_key, parent_key, parent_id, text, metadata, tenant,
                         truncated_from)
-                select %2$L, s.key, s.parent, s.parent_id, s.body, s.meta, s.tenant, s.cut
+                select distinct on (s.key)  -- (a key yielded twice is named below)
+                       %2$L, s.key, s.parent, s.parent_id, s.body, s.meta, s.tenant, s.cut
                 from todo s
                 where not exists (select from upd u where u.source_key = s.key)
+                order by s.key
                 on conflict (doc_type, source_key) do update
                 set text = excluded.text,
                     metadata = excluded.metadata,

@@ -467,6 +467,9 @@ as $$
 declare
     p record;
     prepared text;
+    wanted text;
+    held text;
+    held_from_sql boolean;
     old text;
     vs name;
 begin
@@ -477,28 +480,55 @@ begin
         perform set_config('hnsw.ef_search', p.ef::text, true);
         perform set_config('hnsw.max_scan_tuples', p.max_scan_tuples::text, true);
     end if;
-    -- The statement, its limits written in, is prepared once per session and shape: planning
-    -- it cost 0.3-0.45 ms of every search (0.4 ms of a 2.5 ms search at 100,000 chunks), and
-    -- with its limits known PostgreSQL settles on one plan for it. The query and its vector
-    -- go in as literals (EXECUTE of a prepared statement takes no parameters). A session keeps
-    -- at most 50 of them (a statement per filter value: a bound on its memory); past that all
-    -- are dropped and prepared again as searches come.
-    prepared := 'pgrag_search_' || md5(p.statement);
-    if not exists (select from pg_prepared_statements s where s.name = prepared) then
-        if (select count(*) from pg_prepared_statements s where s.name like 'pgrag\_search\_%')
-           >= 50 then
-            for old in select s.name from pg_prepared_statements s
-                        where s.name like 'pgrag\_search\_%' loop
-                execute format('deallocate %I', old);
-            end loop;
-        end if;
-        select n.nspname into strict vs
-          from pg_extension e join pg_namespace n on n.oid = e.extnamespace
-         where e.extname = 'vector';
-        execute format('prepare %I (text, %I.vector) as %s', prepared, vs, p.statement);
+    -- Without a filter the statement, its limits written in, is prepared once per session and
+    -- shape: planning it cost 0.3-0.45 ms of every search (0.44 ms of a 2.8 ms search at
+    -- 100,000 chunks), and with its limits known PostgreSQL settles on one plan for it. Only
+    -- without a filter: a filtered statement holds its filter's values (one statement per
+    -- value, each about 300 KB of the backend's memory, planned five times before its plan
+    -- is kept), so it is planned at every search as before. A session keeps at most 20.
+    -- A prepared statement is run only if it is the very text pgrag prepares (pgrag._search may
+    -- run for a more privileged caller than the session's role: a statement of the same name
+    -- prepared by that role would otherwise run with the caller's rights); any other is
+    -- replaced. Where PREPARE is not allowed (inside CREATE or REFRESH MATERIALIZED VIEW, or
+    -- pg_prepared_statements is not readable) the statement is planned and run as it is.
+    if filter is null or filter = '{}' then
+        begin
+            select n.nspname into strict vs
+              from pg_extension e join pg_namespace n on n.oid = e.extnamespace
+             where e.extname = 'vector';
+            prepared := 'pgrag_search_'
+                        || left(encode(sha256(convert_to(p.statement, 'UTF8')), 'hex'), 40);
+            wanted := format('prepare %I (text, %I.vector) as %s', prepared, vs, p.statement);
+            select s.statement, s.from_sql into held, held_from_sql
+              from pg_prepared_statements s where s.name = prepared;
+            if held is distinct from wanted or not held_from_sql then
+                if held is not null then
+                    execute format('deallocate %I', prepared);
+                elsif (select count(*) from pg_prepared_statements s
+                        where s.name like 'pgrag\_search\_%') >= 20 then
+                    for old in select s.name from pg_prepared_statements s
+                                where s.name like 'pgrag\_search\_%' loop
+                        execute format('deallocate %I', old);
+                    end loop;
+                end if;
+                execute wanted;
+            end if;
+            return query execute format('execute %I(%L, %L)', prepared, query_text,
+                                        query_embedding::text);
+            return;
+        exception
+            when insufficient_privilege then
+                null;  -- planned and run below
+            when feature_not_supported then
+                -- "cached plan must not change result type" (a migration changed a column):
+                -- prepared again at the next search
+                if prepared is not null
+                   and exists (select from pg_prepared_statements s where s.name = prepared) then
+                    execute format('deallocate %I', prepared);
+                end if;
+        end;
     end if;
-    return query execute format('execute %I(%L, %L)', prepared, query_text,
-                                query_embedding::text);
+    return query execute p.statement using query_text, query_embedding;
 end
 $$;
 
