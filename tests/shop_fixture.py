@@ -74,3 +74,16 @@ def load_tiny_shop(conn: psycopg.Connection[Any], *, recent_orders: int = 2) -> 
     declare_sample_documents(conn, recent_orders=recent_orders)
     conn.execute("select pgrag.refresh('customer_profile')")
     conn.execute("select pgrag.refresh('order_detail')")
+
+
+def embed_chunks(conn: psycopg.Connection[Any], embedder: Any) -> None:
+    """Give every chunk its vector from ``embedder``, and the store that model's name."""
+    rows = conn.execute("select id, text from pgrag.chunks order by id").fetchall()
+    vecs = embedder.embed([r[1] for r in rows])
+    conn.execute("update pgrag.settings set embedding_model = %s", (embedder.name,))
+    for (cid, _), v in zip(rows, vecs, strict=True):
+        conn.execute(
+            "update pgrag.chunks set embedding = %s::real[]::vector, embedding_model = %s "
+            "where id = %s",
+            (v.tolist(), embedder.name, cid),
+        )

@@ -18,22 +18,14 @@ from pgrag.vocabulary import forget_vocabulary
 
 from .chat_server import ChatServer, Reply
 from .embed_server import default_embedder
-from .shop_fixture import load_tiny_shop
+from .shop_fixture import embed_chunks, load_tiny_shop
 
 
 @pytest.fixture
 def shop(conn: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
     embedder: Embedder = default_embedder()
     load_tiny_shop(conn)
-    rows = conn.execute("select id, text from pgrag.chunks order by id").fetchall()
-    vecs = embedder.embed([r[1] for r in rows])
-    conn.execute("update pgrag.settings set embedding_model = %s", (embedder.name,))
-    for (cid, _), v in zip(rows, vecs, strict=True):
-        conn.execute(
-            "update pgrag.chunks set embedding = %s::real[]::vector, embedding_model = %s "
-            "where id = %s",
-            (v.tolist(), embedder.name, cid),
-        )
+    embed_chunks(conn, embedder)
     forget_vocabulary()
     return conn
 
@@ -178,15 +170,7 @@ def test_client_ask_gives_its_connection_back_before_the_rerank_and_the_llm(db_u
     embedder: Embedder = default_embedder()
     with psycopg.connect(db_url) as conn:
         load_tiny_shop(conn)
-        rows = conn.execute("select id, text from pgrag.chunks order by id").fetchall()
-        vecs = embedder.embed([r[1] for r in rows])
-        conn.execute("update pgrag.settings set embedding_model = %s", (embedder.name,))
-        for (cid, _), v in zip(rows, vecs, strict=True):
-            conn.execute(
-                "update pgrag.chunks set embedding = %s::real[]::vector, embedding_model = %s "
-                "where id = %s",
-                (v.tolist(), embedder.name, cid),
-            )
+        embed_chunks(conn, embedder)
     forget_vocabulary()
     with pgrag.connect(db_url, min_size=1, max_size=2) as client:
         reranker = _CountingReranker(client)

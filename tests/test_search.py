@@ -23,7 +23,7 @@ from .conftest import PATIENCE_S
 from .search_plan import plan as _plan
 from .search_plan import run_plan as _run_plan
 from .search_plan import settings as _settings
-from .shop_fixture import load_tiny_shop
+from .shop_fixture import embed_chunks, load_tiny_shop
 from .stats_reference import declared_stats
 
 DIM = 384
@@ -436,22 +436,10 @@ def embedder() -> Embedder:
     return get_embedder(None)
 
 
-def _embed_all(conn: psycopg.Connection[Any], embedder: Embedder) -> None:
-    rows = conn.execute("select id, text from pgrag.chunks order by id").fetchall()
-    vecs = embedder.embed([r[1] for r in rows])
-    conn.execute("update pgrag.settings set embedding_model = %s", (embedder.name,))
-    for (cid, _), v in zip(rows, vecs, strict=True):
-        conn.execute(
-            "update pgrag.chunks set embedding = %s::real[]::vector, embedding_model = %s "
-            "where id = %s",
-            (v.tolist(), embedder.name, cid),
-        )
-
-
 @pytest.fixture
 def shop(conn: psycopg.Connection[Any], embedder: Embedder) -> psycopg.Connection[Any]:
     load_tiny_shop(conn)
-    _embed_all(conn, embedder)
+    embed_chunks(conn, embedder)
     return conn
 
 
