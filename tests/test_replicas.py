@@ -279,8 +279,11 @@ def test_a_read_that_fails_on_its_own_runs_once_and_leaves_the_replica_up(pair: 
 
     def slow(conn: psycopg.Connection[Any]) -> None:
         calls.append(1)
-        conn.execute("set local statement_timeout = '10ms'")
-        conn.execute("select pg_sleep(1)")
+        # what a statement timeout or a cancel raises (57014), without waiting for one
+        conn.execute(
+            "do $$ begin raise exception using errcode = 'query_canceled', "
+            "message = 'canceling statement due to statement timeout'; end $$"
+        )
 
     with pgrag.connect(pair.primary_url, replicas=[pair.standby_url]) as client:
         with pytest.raises(psycopg.errors.QueryCanceled):
