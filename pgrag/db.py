@@ -83,6 +83,9 @@ class StoreStatus:
     # the last recall measurement (pgrag.tuning): ef_search, recall, target, k, chunks,
     # best_ef_search, model, measured_at, tuned_by; None before any, or for a reader
     tuning: dict[str, Any] | None = None
+    # streaming replication: {"role": "primary", "standbys": [...]} or {"role": "standby", ...}
+    # (pgrag.status(), docs/scaling.md)
+    replication: dict[str, Any] | None = None
 
 
 class _Replicated:

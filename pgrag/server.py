@@ -250,6 +250,8 @@ class EmbeddedServer:
             self._prepare_for_system_user()
         params = conninfo.conninfo_to_dict(primary_url)
         params.pop("dbname", None)
+        # the name the primary lists it by (pg_stat_replication, `pgrag status`)
+        params["application_name"] = f"pgrag standby {self.data_dir.name}"
         self._run(
             [
                 "pg_basebackup",

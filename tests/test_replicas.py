@@ -320,3 +320,24 @@ def test_the_worker_refuses_a_standby_in_one_line(pair: Pair, fake: FakeEmbeddin
         Worker(pair.standby_url, embedder, auto_tune=False),
     ):
         pass
+
+
+def test_status_shows_the_standbys_and_a_standbys_lag(pair: Pair) -> None:
+    def primary_sees_it() -> bool:
+        with pgrag.connect(pair.primary_url) as client:
+            r = client.status().replication or {}
+        return any(
+            sb["name"] == "pgrag standby standby" and sb["state"] == "streaming"
+            for sb in r.get("standbys", [])
+        )
+
+    wait_for(primary_sees_it, "the primary lists the standby as streaming")
+    with pgrag.connect(pair.standby_url) as client:
+        r = client.status().replication
+    assert r is not None and r["role"] == "standby" and r["received_not_replayed_bytes"] >= 0
+    out = run_pgrag("status", env={"PGRAG_DATABASE_URL": pair.primary_url})
+    assert out.returncode == 0, out.stderr
+    assert "replication: 1 standby(s): pgrag standby standby (streaming" in out.stdout
+    out = run_pgrag("status", env={"PGRAG_DATABASE_URL": pair.standby_url})
+    assert out.returncode == 0, out.stderr
+    assert "replication: a hot standby (read-only)" in out.stdout

@@ -655,6 +655,31 @@ def status(state: _State) -> None:
                 f"recall:     {chosen}, measured {str(t['measured_at'])[:16].replace('T', ' ')} at "
                 f"{t['chunks']:,} chunks by {t['tuned_by']}"
             )
+        line = _replication_line(st.replication)
+        if line:
+            click.echo(line)
+
+
+def _replication_line(r: Mapping[str, Any] | None) -> str | None:
+    """``pgrag status``'s line on streaming replication (docs/scaling.md), or None."""
+    if not r:
+        return None
+    if r.get("role") == "standby":
+        age = r.get("last_replayed_commit_age_ms")
+        since = f", last commit replayed {age / 1000:.1f} s ago" if age is not None else ""
+        return (
+            f"replication: a hot standby (read-only), {r.get('received_not_replayed_bytes') or 0:,}"
+            f" bytes received and not yet replayed{since}"
+        )
+    standbys = r.get("standbys") or []
+    if not standbys:
+        return None
+    described = []
+    for sb in standbys:
+        lag = sb.get("replay_lag_ms")
+        lag_text = f", replay lag {lag:.0f} ms" if lag is not None else ""
+        described.append(f"{sb.get('name') or '?'} ({sb.get('state') or 'state hidden'}{lag_text})")
+    return f"replication: {len(standbys)} standby(s): {'; '.join(described)}"
 
 
 def _embedding() -> Sequence[click.Command]:

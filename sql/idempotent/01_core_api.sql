@@ -35,7 +35,7 @@ comment on function pgrag.check_dimension(integer) is
 select pgrag._drop_if_changed(to_regprocedure('pgrag.status()'),
     'TABLE(embedding_dim integer, embedding_model text, chunks bigint, pending bigint, '
     'doc_types jsonb, render_queued bigint, render_oldest interval, render_lag jsonb, '
-    'render_errors bigint, tuning jsonb)');
+    'render_errors bigint, tuning jsonb, replication jsonb)');
 
 create or replace function pgrag.status()
 returns table (
@@ -49,9 +49,14 @@ returns table (
     render_lag jsonb,        -- the worker's render lag over the last 15 minutes:
                              -- {"documents", "p50_ms", "p95_ms", "max_ms"}
     render_errors bigint,    -- documents whose last render failed (pgrag verify lists them)
-    tuning jsonb             -- the last recall measurement (pgrag.tuning; NULL: none, or the
+    tuning jsonb,            -- the last recall measurement (pgrag.tuning; NULL: none, or the
                              -- caller may not read it): ef_search, recall, target, k, chunks,
                              -- best_ef_search, model, measured_at, tuned_by
+    replication jsonb        -- this server's place in streaming replication (docs/scaling.md):
+                             -- a primary's standbys {"role": "primary", "standbys": [{name,
+                             -- state, replay_lag_ms}]} (a role without pg_monitor sees their
+                             -- names only), or {"role": "standby", "received_not_replayed_bytes",
+                             -- "last_replayed_commit_age_ms"}
 )
 language plpgsql stable security invoker
 set search_path = pg_catalog, pg_temp
@@ -91,13 +96,32 @@ begin
         select to_jsonb(t) - 'id' - 'queries' - 'source' into tuning
           from pgrag.tuning t order by t.id desc limit 1;
     end if;
+    if pg_is_in_recovery() then
+        replication := jsonb_build_object(
+            'role', 'standby',
+            'received_not_replayed_bytes',
+            pg_wal_lsn_diff(pg_last_wal_receive_lsn(), pg_last_wal_replay_lsn()),
+            'last_replayed_commit_age_ms',
+            round((extract(epoch from clock_timestamp() - pg_last_xact_replay_timestamp())
+                   * 1000)::numeric));
+    else
+        select jsonb_build_object(
+                   'role', 'primary',
+                   'standbys', coalesce(jsonb_agg(jsonb_build_object(
+                       'name', sr.application_name, 'state', sr.state,
+                       'replay_lag_ms',
+                       round((extract(epoch from sr.replay_lag) * 1000)::numeric))
+                       order by sr.application_name), '[]'::jsonb))
+          into replication
+          from pg_stat_replication sr;
+    end if;
     return next;
 end
 $fn$;
 
 comment on function pgrag.status() is
     'Store size, chunks waiting for a vector, chunks per document type, the render queue, its '
-    'lag, render errors and the last recall measurement';
+    'lag, render errors, the last recall measurement and the server''s replication';
 
 
 create or replace function pgrag.current_tenant()
