@@ -3,7 +3,8 @@
 The lowest layer that does I/O: it knows the configuration and the embedded server, and
 nothing of the store. ``resolve_url`` is the one place that decides which database a command
 uses: an explicit URL, else ``PGRAG_DATABASE_URL``, else (only where asked for: the CLI, the
-migrations' command line, the benchmarks) the embedded server, started if needed.
+migrations' command line, the benchmarks) the embedded server, started if needed. A multi-host
+URL resolves to its primary (libpq's ``target_session_attrs=read-write``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ def resolve_url(url: str | None, *, embedded: bool = True) -> str:
     (started if needed); without it, a ConfigError that says how to choose."""
     resolved = config.database_url(url)
     if resolved is not None:
-        return resolved
+        # a multi-host URL (a primary and its standbys): libpq's read-write target, so that
+        # migrations, the worker and every command reach the primary (pgrag/replicas.py)
+        from pgrag.replicas import split_url
+
+        return split_url(resolved)[0]
     if not embedded:
         raise ConfigError(
             "no database given: pass a URL (postgresql://USER:PASSWORD@HOST:PORT/DBNAME), set "

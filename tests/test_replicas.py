@@ -341,3 +341,12 @@ def test_status_shows_the_standbys_and_a_standbys_lag(pair: Pair) -> None:
     out = run_pgrag("status", env={"PGRAG_DATABASE_URL": pair.standby_url})
     assert out.returncode == 0, out.stderr
     assert "replication: a hot standby (read-only)" in out.stdout
+
+
+def test_commands_given_a_multi_host_url_reach_the_primary(pair: Pair) -> None:
+    p = psycopg.conninfo.conninfo_to_dict(pair.primary_url)["host"]
+    s = psycopg.conninfo.conninfo_to_dict(pair.standby_url)["host"]
+    url = f"postgresql://postgres@/pgrag?host={s},{p}"  # the standby first
+    out = run_pgrag("status", env={"PGRAG_DATABASE_URL": url})
+    assert out.returncode == 0, out.stderr
+    assert "replication: 1 standby(s)" in out.stdout  # the primary's view, not the standby's
