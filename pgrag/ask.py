@@ -141,7 +141,7 @@ def pick_statistic(
 class AskArgs(TypedDict, total=False):
     """``ask``'s keyword arguments, for the Client's typed ``**kwargs``."""
 
-    k: int
+    k: int | None
     top_n: int
     filter: Mapping[str, Any] | None
     doc_types: Sequence[str] | None
@@ -158,7 +158,7 @@ def ask(
     conn: psycopg.Connection[Any],
     question: str,
     *,
-    k: int = 10,
+    k: int | None = None,
     top_n: int = DEFAULT_TOP_N,
     filter: Mapping[str, Any] | None = None,
     doc_types: Sequence[str] | None = None,
@@ -270,7 +270,7 @@ def find(conn: psycopg.Connection[Any], question: str, **args: Unpack[AskArgs]) 
                 parsed.search_text,
                 filter=flt,
                 doc_types=types,
-                k=args.get("k", 10),
+                k=args.get("k"),  # (None: the search's default)
                 stats=want_stats,
                 embedder=args.get("embedder"),
             )

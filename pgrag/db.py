@@ -234,17 +234,11 @@ class Client(_Replicated):
         if lsn:
             self._reads.remember(lsn)
 
-    def _on_replica(
-        self,
-        i: int,
-        fn: Callable[[psycopg.Connection[Any]], _T],
-        tenant: str | None,
-        lsn: str | None,
-    ) -> tuple[str, _T | None]:
-        """One read on replica i: ("done", result), or "down" (its server failed: marked
-        down), "busy" (no connection free in time), "behind" (it has not replayed ``lsn``
-        within replay_wait_s). An error of the read itself is raised, never retried; a read
-        that finished is never run again (its commit, read-only, may fail harmlessly)."""
+    def _checkout(self, i: int, lsn: str | None) -> tuple[str, psycopg.Connection[Any] | None]:
+        """A connection of replica i that answers and has replayed ``lsn``: ("ready", conn),
+        to be given back with ``putconn``; or "down" (its server does not answer: marked down),
+        "busy" (no connection free in time), "behind" (not replayed ``lsn`` within
+        replay_wait_s)."""
         pool = self._readers[i]
         if self._reads.pool_failed(i, pool.get_stats()) and not routing.answers(self.replicas[i]):
             self._rotation.down(i)
@@ -257,10 +251,35 @@ class Client(_Replicated):
                 return "down", None
             return "busy", None  # every connection in use: the next server takes the read
         try:
+            if lsn is None or routing.replayed(conn, lsn, self.replay_wait_s):
+                return "ready", conn
+            conn.rollback()
+            outcome = "behind"
+        except psycopg.Error as exc:
+            if not routing.is_server_failure(exc, conn):
+                pool.putconn(conn)
+                raise
+            self._rotation.down(i)
+            outcome = "down"
+        pool.putconn(conn)
+        return outcome, None
+
+    def _on_replica(
+        self,
+        i: int,
+        fn: Callable[[psycopg.Connection[Any]], _T],
+        tenant: str | None,
+        lsn: str | None,
+    ) -> tuple[str, _T | None]:
+        """One read on replica i: ("done", result), or ``_checkout``'s "down", "busy" or
+        "behind". An error of the read itself is raised, never retried; a read that finished
+        is never run again (its commit, read-only, may fail harmlessly)."""
+        outcome, conn = self._checkout(i, lsn)
+        if conn is None:
+            return outcome, None
+        pool = self._readers[i]
+        try:
             try:
-                if lsn is not None and not routing.replayed(conn, lsn, self.replay_wait_s):
-                    conn.rollback()
-                    return "behind", None
                 with mapped_database_errors(), security.tenant_scope(conn, tenant):
                     result = fn(conn)
             except Exception as exc:
@@ -305,25 +324,19 @@ class Client(_Replicated):
         read_your_writes, has this client's last write), else the primary. Errors inside the
         block are raised, not retried."""
         replica_ok, lsn = self._reads.wanted(read_your_writes)
-        chosen: ConnectionPool | None = None
         if replica_ok:
             for i in self._rotation.order():
-                # the probe: this replica answers and has the caller's write
-                outcome, _ = self._on_replica(i, lambda _conn: None, None, lsn)
-                if outcome == "done":
-                    chosen = self._readers[i]
-                    break
+                outcome, conn = self._checkout(i, lsn)
+                if conn is not None:
+                    try:
+                        with conn, mapped_database_errors(), security.tenant_scope(conn, tenant):
+                            yield conn
+                    finally:
+                        self._readers[i].putconn(conn)
+                    return
                 if outcome == "behind":
                     break
-        if chosen is None:
-            with self._primary(tenant) as conn:
-                yield conn
-            return
-        with (
-            chosen.connection() as conn,
-            mapped_database_errors(),
-            security.tenant_scope(conn, tenant),
-        ):
+        with self._primary(tenant) as conn:
             yield conn
 
     # ---- the store ----
@@ -674,14 +687,10 @@ class AsyncClient(_Replicated):
         if lsn:
             self._reads.remember(lsn)
 
-    async def _on_replica(
-        self,
-        i: int,
-        fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[_T]],
-        tenant: str | None,
-        lsn: str | None,
-    ) -> tuple[str, _T | None]:
-        """``Client._on_replica`` on asyncio."""
+    async def _checkout(
+        self, i: int, lsn: str | None
+    ) -> tuple[str, psycopg.AsyncConnection[Any] | None]:
+        """``Client._checkout`` on asyncio."""
         pool = self._readers[i]
         if self._reads.pool_failed(i, pool.get_stats()) and not await routing.aanswers(
             self.replicas[i]
@@ -696,10 +705,33 @@ class AsyncClient(_Replicated):
                 return "down", None
             return "busy", None  # every connection in use: the next server takes the read
         try:
+            if lsn is None or await routing.areplayed(conn, lsn, self.replay_wait_s):
+                return "ready", conn
+            await conn.rollback()
+            outcome = "behind"
+        except psycopg.Error as exc:
+            if not routing.is_server_failure(exc, conn):
+                await pool.putconn(conn)
+                raise
+            self._rotation.down(i)
+            outcome = "down"
+        await pool.putconn(conn)
+        return outcome, None
+
+    async def _on_replica(
+        self,
+        i: int,
+        fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[_T]],
+        tenant: str | None,
+        lsn: str | None,
+    ) -> tuple[str, _T | None]:
+        """``Client._on_replica`` on asyncio."""
+        outcome, conn = await self._checkout(i, lsn)
+        if conn is None:
+            return outcome, None
+        pool = self._readers[i]
+        try:
             try:
-                if lsn is not None and not await routing.areplayed(conn, lsn, self.replay_wait_s):
-                    await conn.rollback()
-                    return "behind", None
                 async with security.atenant_scope(conn, tenant):
                     with mapped_database_errors():
                         result = await fn(conn)
@@ -740,27 +772,22 @@ class AsyncClient(_Replicated):
         self, *, tenant: str | None = None, read_your_writes: bool | None = None
     ) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
         """``Client.reading`` on asyncio."""
-
-        async def nothing(_conn: psycopg.AsyncConnection[Any]) -> None:
-            return None
-
         replica_ok, lsn = self._reads.wanted(read_your_writes)
-        chosen: AsyncConnectionPool | None = None
         if replica_ok:
             for i in self._rotation.order():
-                outcome, _ = await self._on_replica(i, nothing, None, lsn)
-                if outcome == "done":
-                    chosen = self._readers[i]
-                    break
+                outcome, conn = await self._checkout(i, lsn)
+                if conn is not None:
+                    try:
+                        async with conn, security.atenant_scope(conn, tenant):
+                            with mapped_database_errors():
+                                yield conn
+                    finally:
+                        await self._readers[i].putconn(conn)
+                    return
                 if outcome == "behind":
                     break
-        if chosen is None:
-            async with self._primary(tenant) as conn:
-                yield conn
-            return
-        async with chosen.connection() as conn, security.atenant_scope(conn, tenant):
-            with mapped_database_errors():
-                yield conn
+        async with self._primary(tenant) as conn:
+            yield conn
 
     async def search(
         self,

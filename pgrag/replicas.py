@@ -123,10 +123,6 @@ class Rotation:
             self._backoff[i] = 0.0
             self._down_until[i] = 0.0
 
-    def is_down(self, i: int) -> bool:
-        with self._lock:
-            return self._down_until[i] > time.monotonic()
-
 
 def is_server_failure(
     exc: BaseException, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any] | None

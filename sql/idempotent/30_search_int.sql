@@ -471,7 +471,6 @@ declare
     held text;
     held_from_sql boolean;
     old text;
-    vs name;
 begin
     select * into strict p
       from pgrag._search_plan(mode, query_text, query_embedding, model, k, filter, doc_types,
@@ -493,12 +492,11 @@ begin
     -- pg_prepared_statements is not readable) the statement is planned and run as it is.
     if filter is null or filter = '{}' then
         begin
-            select n.nspname into strict vs
-              from pg_extension e join pg_namespace n on n.oid = e.extnamespace
-             where e.extname = 'vector';
             prepared := 'pgrag_search_'
                         || left(encode(sha256(convert_to(p.statement, 'UTF8')), 'hex'), 40);
-            wanted := format('prepare %I (text, %I.vector) as %s', prepared, vs, p.statement);
+            -- (the vector parameter's type as this function's argument has it, qualified)
+            wanted := format('prepare %I (text, %s) as %s', prepared,
+                             pg_typeof(query_embedding), p.statement);
             select s.statement, s.from_sql into held, held_from_sql
               from pg_prepared_statements s where s.name = prepared;
             if held is distinct from wanted or not held_from_sql then
