@@ -110,15 +110,15 @@ def test_filtered_search_returns_k_rows_with_recall(synthetic_url: str, label: s
 def test_a_filter_the_planner_expects_to_be_large_is_not_counted(synthetic_url: str) -> None:
     q = _queries(1)[0]
     with psycopg.connect(synthetic_url) as conn:
-        plan = _plan(conn, q, {"p10": True}, exact_threshold=1_000)
+        plan = _plan(conn, q, {"p10": True}, exact_threshold=5_000)
         assert 1_000 <= plan["estimate"] <= 4_000  # 2,000 rows match
-        # 10% of 20,000 = 2,000 rows: counted at threshold 1,000 (estimate < 5 x 1,000) ...
+        # 10% of 20,000 = 2,000 rows: counted at threshold 5,000 (estimate < 5,000) ...
         _settings(conn, plan)
         text = "\n".join(r[0] for r in _run_plan(conn, q, plan, explain=True))
         assert "Bitmap Heap Scan" in text.split("CTE vec_index")[0]
         assert "(never executed)" not in text.split("CTE vec_index")[0]
-        # ... not counted at threshold 200 (estimate >= 5 x 200): the index runs at once
-        plan = _plan(conn, q, {"p10": True}, exact_threshold=200)
+        # ... not counted at threshold 1,000 (estimate >= 1,000): the index runs at once
+        plan = _plan(conn, q, {"p10": True}, exact_threshold=1_000)
         text = "\n".join(r[0] for r in _run_plan(conn, q, plan, explain=True))
         counted = text.split("CTE counted")[1].split("CTE vec_index")[0]
         assert "matched" not in counted  # folded away: nothing counted
@@ -386,7 +386,7 @@ def test_every_value_is_bound_or_quoted(synthetic_url: str) -> None:
 # ---- the tiny shop, embedded with the real default model ----
 
 
-def test_an_unfiltered_search_statement_is_prepared_once_per_shape(synthetic_url: str) -> None:
+def test_a_search_statement_is_prepared_once_per_shape_and_filter(synthetic_url: str) -> None:
     qs = _queries(8)
     prepared = (
         "select count(*), sum(generic_plans + custom_plans) from pg_prepared_statements "
@@ -396,12 +396,26 @@ def test_an_unfiltered_search_statement_is_prepared_once_per_shape(synthetic_url
         for q in qs[:5]:  # the same shape, other vectors: one statement, run five times
             s.search(conn, vector=q, model="synthetic", k=10, mode="vector")
         assert conn.execute(prepared).fetchone() == (1, 5)
-        # a filtered statement holds its values: planned at each search, never prepared
-        hits = s.search(
-            conn, vector=qs[5], model="synthetic", k=5, mode="vector", filter={"topic": 3}
-        ).hits
-        assert hits and all(h.metadata["topic"] == 3 for h in hits)
-        assert conn.execute(prepared).fetchone() == (1, 5)
+        # a filtered statement holds its values: one statement per filter, run as often
+        for q in qs[:3]:
+            hits = s.search(
+                conn, vector=q, model="synthetic", k=5, mode="vector", filter={"topic": 3}
+            ).hits
+            assert hits and all(h.metadata["topic"] == 3 for h in hits)
+        assert conn.execute(prepared).fetchone() == (2, 8)
+        # a session keeps the 20 newest: the 21st statement replaces the oldest, the unfiltered
+        for topic in range(20):
+            s.search(
+                conn,
+                vector=qs[0],
+                model="synthetic",
+                k=5,
+                mode="vector",
+                filter={"topic": topic, "p10": True},
+            )
+        assert conn.execute(prepared).fetchone() == (20, 20)
+        s.search(conn, vector=qs[0], model="synthetic", k=10, mode="vector")
+        assert conn.execute(prepared).fetchone() == (20, 1 + 19)  # prepared again, run once
         # where PREPARE is not allowed (a security-restricted operation), it is planned instead
         conn.execute(
             "create table public.mv_q as select %s::real[]::vector as v", (qs[6].tolist(),)
