@@ -151,6 +151,45 @@ def test_truncate_while_another_commits_does_not_deadlock(
     assert order is not None and "status cancelled" in order[0] and "no items" in order[0]
 
 
+def test_lock_table_while_another_commits_does_not_deadlock(
+    shop: str, holder: psycopg.Connection[Any]
+) -> None:
+    """B locks order_items ACCESS EXCLUSIVE, changes an item of order 10 and stays open; A
+    updates order 10 and commits: its render reads order_items and waits for B's lock, holding
+    the locks of order 10's documents. B commits: those locks are taken, and B, holding an
+    ACCESS EXCLUSIVE lock, hands its documents to the worker instead of waiting for them."""
+    holder.execute("set deadlock_timeout = '50ms'")
+    holder.execute("lock table shop.order_items in access exclusive mode")
+    holder.execute("update shop.order_items set quantity = 7 where order_id = 10")
+    a = Background(
+        shop,
+        "set deadlock_timeout = '50ms'",
+        "update shop.orders set status = 'cancelled' where order_id = 10",
+    )
+    wait_for(lambda: waits_on_lock(shop, a.pid), "A's render waiting for B's table lock")
+    holder.commit()
+    a.finish()  # no DeadlockDetected
+    with psycopg.connect(shop) as conn:
+        queued = conn.execute("select count(*) from pgrag.render_queue").fetchone()
+    assert queued is not None and queued[0] > 0  # B's documents, for the worker
+    with Worker(shop, HashEmbedder()) as w:
+        w.drain()
+    with psycopg.connect(shop) as conn:
+        assert documents.verify(conn) == []
+
+
+def test_a_lock_nobody_waits_for_renders_at_commit(shop: str) -> None:
+    """Without contention the documents' locks are taken at once, and a transaction holding an
+    ACCESS EXCLUSIVE lock renders at its commit like any other."""
+    with psycopg.connect(shop) as conn:
+        conn.execute("lock table shop.order_items in access exclusive mode")
+        conn.execute("update shop.order_items set quantity = 7 where order_id = 10")
+        conn.commit()
+        queued = conn.execute("select count(*) from pgrag.render_queue").fetchone()
+        assert queued == (0,)
+        assert documents.verify(conn) == []
+
+
 def test_each_key_query_runs_once_per_statement(db_url: str) -> None:
     with psycopg.connect(db_url, autocommit=True) as conn:
         load_tiny_shop(conn)
