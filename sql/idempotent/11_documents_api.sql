@@ -761,7 +761,6 @@ declare
     entries refcursor;
     before_keys pg_snapshot;
     after_locks pg_snapshot;
-    got_locks boolean := false;
     n bigint;
 begin
     if me is null then
@@ -801,33 +800,16 @@ begin
         todo := pgrag._todo_merge(todo, pgrag._keys_of_rows(entries, todo));
     end if;
 
-    -- 2. the documents' locks, in order, without waiting: the common case, where no other
-    --    transaction renders these documents now. All or none: a subtransaction that missed
-    --    one is rolled back, which releases those it took (waiting for one while holding
-    --    later ones could deadlock with a transaction taking them in order).
-    if current_setting('pgrag.truncated', true) is distinct from 'on' then
-        begin
-            if pgrag._lock_documents(todo, false) <> '{}' then
-                raise exception using errcode = 'PR099';  -- (caught here, never seen)
-            end if;
-            got_locks := true;
-        exception when sqlstate 'PR099' then
-            got_locks := false;
-        end;
-    end if;
-
-    -- 3. else, holding an ACCESS EXCLUSIVE lock on a table renders read (a TRUNCATE, LOCK
-    --    TABLE): everything to the worker, since waiting for a document's lock could wait for
-    --    a render that waits for that table. (Not for a table this transaction created: no
-    --    other transaction can wait for it.) Asked only here: pg_locks reads every backend's
-    --    locks (42 us, and a moment of every lock partition).
-    if not got_locks and (current_setting('pgrag.truncated', true) = 'on'
+    -- 2. holding an ACCESS EXCLUSIVE lock on a table renders read (a TRUNCATE, LOCK TABLE):
+    --    everything to the worker. (Not for a table this transaction created: no other
+    --    transaction can wait for it.)
+    if current_setting('pgrag.truncated', true) = 'on'
        or exists (select from pg_locks l join pg_class c on c.oid = l.relation
                    where l.pid = pg_backend_pid() and l.locktype = 'relation'
                      and l.mode = 'AccessExclusiveLock' and l.granted
                      and not pgrag._made_here(c.xmin)
                      and (exists (select from pgrag.doc_watches w where w.source_table = c.oid)
-                          or exists (select from pgrag.doc_types d where d.source = c.oid))))
+                          or exists (select from pgrag.doc_types d where d.source = c.oid)))
     then
         perform pgrag._defer(todo);
         insert into pgrag.render_queue (doc_type, source_table, rows)  -- found again after commit
@@ -837,10 +819,8 @@ begin
         return 0;
     end if;
 
-    --    and the locks, in order, waiting as needed
-    if not got_locks then
-        perform pgrag._lock_documents(todo, true);
-    end if;
+    -- 3. the locks, in order, waiting as needed
+    perform pgrag._lock_documents(todo, true);
 
     -- 4. what committed meanwhile may have moved rows to other documents
     after_locks := pg_current_snapshot();
