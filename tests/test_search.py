@@ -416,6 +416,11 @@ def test_a_search_statement_is_prepared_once_per_shape_and_filter(synthetic_url:
         assert conn.execute(prepared).fetchone() == (20, 20)
         s.search(conn, vector=qs[0], model="synthetic", k=10, mode="vector")
         assert conn.execute(prepared).fetchone() == (20, 1 + 19)  # prepared again, run once
+        # a statement past 16,000 characters (long $in lists) is planned, never held
+        long_in = {"topic": {"$in": [3, *range(1000, 3000)]}}
+        hits = s.search(conn, vector=qs[1], model="synthetic", k=5, mode="vector", filter=long_in)
+        assert hits.hits and all(h.metadata["topic"] == 3 for h in hits.hits)
+        assert conn.execute(prepared).fetchone() == (20, 1 + 19)
         # where PREPARE is not allowed (a security-restricted operation), it is planned instead
         conn.execute(
             "create table public.mv_q as select %s::real[]::vector as v", (qs[6].tolist(),)
