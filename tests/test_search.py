@@ -418,8 +418,8 @@ def test_a_search_statement_is_prepared_once_per_shape_and_filter(synthetic_url:
         assert conn.execute(prepared).fetchone() == (20, 1 + 19)  # prepared again, run once
         # a statement past 16,000 characters (long $in lists) is planned, never held
         long_in = {"topic": {"$in": [3, *range(1000, 3000)]}}
-        hits = s.search(conn, vector=qs[1], model="synthetic", k=5, mode="vector", filter=long_in)
-        assert hits.hits and all(h.metadata["topic"] == 3 for h in hits.hits)
+        found = s.search(conn, vector=qs[1], model="synthetic", k=5, mode="vector", filter=long_in)
+        assert found.hits and all(h.metadata["topic"] == 3 for h in found.hits)
         assert conn.execute(prepared).fetchone() == (20, 1 + 19)
         # where PREPARE is not allowed (a security-restricted operation), it is planned instead
         conn.execute(
