@@ -24,9 +24,10 @@ from pgrag import replicas as routing
 
 if TYPE_CHECKING:
     from pgrag.ask import AskArgs, AskResult
-    from pgrag.filter_index import FilterIndex
+    from pgrag.filter_index import FilterIndex, StoreIndexRebuild
     from pgrag.search import ContextRow, SearchArgs, SearchOptions, SearchResult
     from pgrag.stats_cache import CachedType
+    from pgrag.tune import TuneResult
 from pgrag.connection import CONNECT_TIMEOUT_S, connect_once, describe_target, resolve_url
 from pgrag.errors import (
     MissingExtension,
@@ -530,6 +531,42 @@ class Client(_Replicated):
         self.require_schema()
         with mapped_database_errors():
             return filter_index.drop(self.url, filter_or_name)
+
+    def reindex(
+        self,
+        *,
+        m: int | None = None,
+        ef_construction: int | None = None,
+        maintenance_work_mem: str | None = None,
+        progress: Callable[[str, int, int], None] | None = None,
+        tune: bool = True,
+    ) -> tuple[StoreIndexRebuild, TuneResult | None]:
+        """Rebuild the store's HNSW index (concurrently) with a graph for its size, or the
+        given m and ef_construction (``pgrag.filter_index.rebuild_store_index``); then, unless
+        ``tune`` is False, measure ef_search on the new graph as the worker does (None when
+        the store holds fewer vectors than the worker tunes)."""
+        from pgrag import filter_index
+        from pgrag import tune as tuning
+
+        self.require_schema()
+        with mapped_database_errors():
+            done = filter_index.rebuild_store_index(
+                self.url,
+                m=m,
+                ef_construction=ef_construction,
+                maintenance_work_mem=maintenance_work_mem,
+                progress=progress,
+            )
+            if not tune or done.vectors < tuning.AUTO_MIN_CHUNKS:
+                return done, None
+            with self._primary() as conn:
+                return done, tuning.tune(
+                    conn,
+                    target=tuning.AUTO_TARGET,
+                    chunk_target=tuning.AUTO_CHUNK_TARGET,
+                    tuned_by="pgrag reindex",
+                    store_best=True,
+                )
 
     # ---- the statistics cache (pgrag/stats_cache.py) ----
 

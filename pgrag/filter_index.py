@@ -18,6 +18,10 @@ The index is built ``concurrently`` (writers are not blocked; a failed build lea
 index, which the next ``add`` of the same filter replaces) with the store index's ``m`` and
 ``ef_construction``; its comment holds the filter, which ``list`` shows. Each index costs a write
 on every matching chunk's vector, and memory: size them to the filters that matter.
+
+The store index itself is rebuilt here too (``rebuild_store_index``, ``pgrag reindex``): a
+denser graph for a store that outgrew the default one, built concurrently beside it, then
+swapped in (``pgrag._store_index_plan``, ``pgrag._store_index_swap``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import class_row
 
+from pgrag import config
 from pgrag.errors import ConfigError, IndexBuildFailed, from_database, mapped_database_errors
 from pgrag.filters import filter_param, parse_filter_json
 
@@ -229,7 +234,7 @@ def _exclusive(conn: psycopg.Connection[Any], name: str) -> Iterator[None]:
         if row and row[0]:
             conn.execute(_UNLOCK, (name,))
         raise IndexBuildFailed(
-            f"filter index {name} is being built or dropped by another session: wait for it "
+            f"index {name} is being built or dropped by another session: wait for it "
             "(pg_stat_progress_create_index shows a build), then run the command again"
         )
     try:
@@ -254,6 +259,120 @@ def _drop_quickly(conn: psycopg.Connection[Any], name: str) -> bool:
         if not conn.broken:
             conn.execute("select set_config('lock_timeout', '0', false)")
     return False
+
+
+STORE_INDEX = "chunks_embedding_hnsw"
+NEW_STORE_INDEX = "chunks_embedding_hnsw_new"  # (not a filter index: no PREFIX)
+
+
+@dataclass(frozen=True)
+class StoreIndexRebuild:
+    """What ``rebuild_store_index`` did: the graph's parameters before and after, the vectors
+    it holds, and the index's size."""
+
+    m: int
+    ef_construction: int
+    previous_m: int
+    previous_ef_construction: int
+    vectors: int
+    size_bytes: int
+
+
+_STORE_INDEX_STATE: LiteralString = """
+select s.hnsw_m, s.hnsw_ef_construction,
+       (select count(*) from pgrag.chunks) - (select count(*) from pgrag.chunks
+                                              where embedding is null) as vectors,
+       (select x.indisvalid from pg_index x
+         where x.indexrelid = to_regclass('pgrag.chunks_embedding_hnsw')) as old_valid,
+       (select x.indisvalid from pg_index x
+         where x.indexrelid = to_regclass('pgrag.chunks_embedding_hnsw_new')) as new_valid
+from pgrag.settings s
+"""
+
+
+# the graph of a rebuilt index not swapped in yet (pgvector's defaults where not given)
+_NEW_GRAPH: LiteralString = """
+select coalesce(max(o.option_value) filter (where o.option_name = 'm'), '16')::int,
+       coalesce(max(o.option_value) filter (where o.option_name = 'ef_construction'), '64')::int
+from pg_class c left join lateral pg_options_to_table(c.reloptions) o on true
+where c.oid = 'pgrag.chunks_embedding_hnsw_new'::regclass
+"""
+
+
+def rebuild_store_index(
+    url: str,
+    *,
+    m: int | None = None,
+    ef_construction: int | None = None,
+    maintenance_work_mem: str | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> StoreIndexRebuild:
+    """Rebuild the store's HNSW index with ``m`` and ``ef_construction`` (default: by the
+    store's size, ``config.graph_for``), concurrently: searches and writes go on, on the old
+    graph until the new one is swapped in. A run that died while dropping the old index
+    or before the swap is finished by the next run; a new index left by a run that died
+    before that is dropped and built again. IndexBuildFailed if the build fails or is
+    cancelled (the old index stays)."""
+    with psycopg.connect(url, autocommit=True) as conn, _exclusive(conn, NEW_STORE_INDEX):
+        row = conn.execute(_STORE_INDEX_STATE).fetchone()
+        assert row is not None
+        prev_m, prev_efc, vectors = int(row[0]), int(row[1]), int(row[2])
+        old_valid, new_valid = row[3], row[4]
+        want_m, want_efc = config.graph_for(vectors)
+        m, ef_construction = m or want_m, ef_construction or want_efc
+        with mapped_database_errors():
+            p = conn.execute(
+                "select create_ddl, drop_ddl, drop_new_ddl from pgrag._store_index_plan(%s, %s)",
+                (m, ef_construction),
+            ).fetchone()
+        assert p is not None
+        create, drop_old, drop_new = (str(x).encode() for x in p)
+        if new_valid and not old_valid:  # the last run died while dropping the old one
+            built = conn.execute(_NEW_GRAPH).fetchone()
+            assert built is not None
+            m, ef_construction = int(built[0]), int(built[1])
+            conn.execute(drop_old)
+            conn.execute("select pgrag._store_index_swap(%s, %s)", (m, ef_construction))
+        else:
+            if new_valid is not None:  # left by a build that died: its graph is unknown
+                conn.execute(drop_new)
+            if maintenance_work_mem is not None:
+                conn.execute(
+                    "select set_config('maintenance_work_mem', %s, false)",
+                    (maintenance_work_mem,),
+                )
+            try:
+                _run_with_progress(url, conn, create, progress)
+            except BaseException as exc:
+                left = _drop_quickly(conn, NEW_STORE_INDEX)
+                if isinstance(exc, KeyboardInterrupt) and not left:
+                    raise
+                if not isinstance(exc, psycopg.Error | KeyboardInterrupt):
+                    raise
+                after = (
+                    f"invalid index {NEW_STORE_INDEX} is left behind, as an open "
+                    "transaction holds it: the next `pgrag reindex` drops it"
+                    if left
+                    else "the store's index is as it was"
+                )
+                raise IndexBuildFailed(
+                    f"rebuilding the store index failed: "
+                    f"{_first_line(exc) or 'interrupted'} ({after}; fix the cause and run "
+                    "`pgrag reindex` again)"
+                ) from exc
+            conn.execute(drop_old)
+            conn.execute("select pgrag._store_index_swap(%s, %s)", (m, ef_construction))
+        size = conn.execute(
+            "select pg_relation_size(to_regclass('pgrag.chunks_embedding_hnsw'))"
+        ).fetchone()
+    return StoreIndexRebuild(
+        m=m,
+        ef_construction=ef_construction,
+        previous_m=prev_m,
+        previous_ef_construction=prev_efc,
+        vectors=vectors,
+        size_bytes=int(size[0] or 0) if size else 0,
+    )
 
 
 def _ident(name: str) -> sql.Identifier:

@@ -353,3 +353,91 @@ def test_a_database_with_older_functions_says_to_upgrade(db_url: str) -> None:
         pytest.raises(InvalidFilter, match="unknown filter key 'segment'"),  # it got that far
     ):
         s.search(conn, "anything", filter={"segment": "VIP"}, mode="text")
+
+
+# ---- the store index rebuilt (pgrag reindex) ----
+
+
+@pytest.fixture
+def small_store(pg_server: Any, template_db: str) -> Iterator[str]:
+    """2,000 synthetic chunks with vectors (enough for the worker's tuning), a store of its own."""
+    from .conftest import create_database, drop_database
+
+    name = create_database(pg_server, template=template_db)
+    url = pg_server.url_for(name)
+    vecs, texts, metas = synthetic.rows(2000, seed=9)
+    synthetic.store(url, vecs, texts, metas)
+    yield url
+    drop_database(pg_server, name)
+
+
+_GRAPH = (
+    "select s.hnsw_m, s.hnsw_ef_construction, c.reloptions::text, "
+    "to_regclass('pgrag.chunks_embedding_hnsw_new') is null "
+    "from pgrag.settings s, pg_class c where c.oid = 'pgrag.chunks_embedding_hnsw'::regclass"
+)
+
+
+def test_reindex_rebuilds_the_graph_then_tunes_it(small_store: str) -> None:
+    env = {"PGRAG_DATABASE_URL": small_store}
+    r = run_pgrag("reindex", "--m", "8", "--ef-construction", "32", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "m 8, ef_construction 32 (was 16, 64), 2,000 vectors" in r.stdout
+    assert "ef_search" in r.stdout and "recall@10" in r.stdout
+    with psycopg.connect(small_store) as conn:
+        m, efc, options, no_new = conn.execute(_GRAPH).fetchone()  # type: ignore[misc]
+        assert (m, efc, no_new) == (8, 32, True) and "m=8" in options
+        tuned = conn.execute(
+            "select tuned_by, chunks from pgrag.tuning order by id desc limit 1"
+        ).fetchone()
+        assert tuned == ("pgrag reindex", 2000)
+        q = synthetic.queries(1)[0][0]
+        assert len(s.search(conn, vector=q, model="synthetic", k=10, mode="vector").hits) == 10
+    # by default the graph follows the store's size: a small store gets the defaults back
+    with connect(small_store) as client:
+        done, tuned_again = client.reindex(tune=False)
+    assert (done.m, done.ef_construction, done.previous_m) == (16, 64, 8)
+    assert tuned_again is None
+
+
+def test_the_graph_follows_the_store_size() -> None:
+    from pgrag import config
+
+    assert config.graph_for(499_999) == (16, 64)
+    assert config.graph_for(500_000) == config.graph_for(10_000_000) == (32, 200)
+
+
+def test_a_reindex_that_died_is_finished_or_built_again(small_store: str) -> None:
+    with psycopg.connect(small_store, autocommit=True) as conn:
+        # died after dropping the old index, before the swap: the next run swaps the new one in
+        conn.execute(
+            "create index chunks_embedding_hnsw_new on pgrag.chunks "
+            "using hnsw (embedding vector_cosine_ops) with (m = 12, ef_construction = 40)"
+        )
+        conn.execute("drop index pgrag.chunks_embedding_hnsw")
+        done = filter_index.rebuild_store_index(small_store, m=20, ef_construction=60)
+        assert (done.m, done.ef_construction) == (12, 40)
+        assert conn.execute(_GRAPH).fetchone()[:2] + (True,) == (12, 40, True)  # type: ignore[index]
+        # died while building: the half-built index is dropped and the rebuild runs
+        conn.execute(
+            "create index chunks_embedding_hnsw_new on pgrag.chunks "
+            "using hnsw (embedding vector_cosine_ops) with (m = 4, ef_construction = 8)"
+        )
+        conn.execute(
+            "update pg_index set indisvalid = false "
+            "where indexrelid = 'pgrag.chunks_embedding_hnsw_new'::regclass"
+        )
+        done = filter_index.rebuild_store_index(small_store, m=10, ef_construction=30)
+        assert (done.m, done.ef_construction, done.previous_m) == (10, 30, 12)
+        m, efc, _, no_new = conn.execute(_GRAPH).fetchone()  # type: ignore[misc]
+        assert (m, efc, no_new) == (10, 30, True)
+
+
+def test_reindex_refuses_a_graph_pgvector_cannot_build(small_store: str) -> None:
+    env = {"PGRAG_DATABASE_URL": small_store}
+    r = run_pgrag("reindex", "--m", "40", "--ef-construction", "50", env=env)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("pgrag: error: ef_construction = 50 is less than twice m = 40")
+    assert len(r.stderr.strip().splitlines()) == 1
+    with psycopg.connect(small_store) as conn:
+        assert conn.execute(_GRAPH).fetchone()[:2] == (16, 64)  # type: ignore[index]

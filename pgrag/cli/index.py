@@ -154,3 +154,66 @@ def _progress() -> Callable[[str | None, int, int], None]:
         shown.advance_to(done)
 
     return update
+
+
+@click.command("reindex", context_settings=CONTEXT_SETTINGS)
+@click.option("--m", "m", type=click.IntRange(2, 100), help="HNSW m (default: by store size).")
+@click.option(
+    "--ef-construction",
+    type=click.IntRange(4, 1000),
+    help="HNSW ef_construction, at least 2 x m (default: by store size).",
+)
+@click.option(
+    "--maintenance-work-mem",
+    metavar="SIZE",
+    help="Memory for the build, e.g. 4GB (default: the server's). A graph larger than it builds "
+    "several times slower.",
+)
+@click.option("--no-tune", is_flag=True, help="Do not measure ef_search on the new graph.")
+@click.pass_context
+def reindex(
+    ctx: click.Context,
+    m: int | None,
+    ef_construction: int | None,
+    maintenance_work_mem: str | None,
+    no_tune: bool,
+) -> None:
+    """Rebuild the store's HNSW index with a graph for its size, then tune ef_search.
+
+    By default the graph follows the store's size: m 16 and ef_construction 64 below 500,000
+    vectors, m 32 and ef_construction 200 from there (at 1,000,000 chunks the default graph
+    stops short of recall 0.95 at any ef_search; `pgrag status` says so). The new index is
+    built with CREATE INDEX CONCURRENTLY beside the old one, which serves searches until the
+    new one replaces it; writes go on. Then ef_search is measured on the new graph, as the
+    worker does (`pgrag tune`). Run it as the owner of pgrag.chunks (the role that ran
+    `pgrag db upgrade`). A failed or cancelled build leaves the old index as it was.
+    """
+    from pgrag.db import connect
+
+    with connect(url_of(ctx)) as client:
+        started = time.perf_counter()
+        bar = _progress()
+        try:
+            done, tuned = client.reindex(
+                m=m,
+                ef_construction=ef_construction,
+                maintenance_work_mem=maintenance_work_mem,
+                progress=bar,
+                tune=not no_tune,
+            )
+        finally:
+            bar(None, 0, 0)
+    click.echo(
+        f"store index rebuilt in {time.perf_counter() - started:.1f} s: m {done.m}, "
+        f"ef_construction {done.ef_construction} (was {done.previous_m}, "
+        f"{done.previous_ef_construction}), {done.vectors:,} vectors, "
+        f"{done.size_bytes / 2**20:,.1f} MB"
+    )
+    if tuned is not None:
+        chosen = (
+            tuned.chosen
+            if tuned.chosen is not None
+            else max(tuned.points, key=lambda p: p.recall).ef_search
+        )
+        best = max(p.recall for p in tuned.points if p.ef_search == chosen)
+        click.echo(f"ef_search {chosen}: recall@{tuned.k} {best:.3f} on {tuned.source}")

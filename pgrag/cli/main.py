@@ -649,7 +649,7 @@ def status(state: _State) -> None:
                 if t["ef_search"] is not None
                 else f"no ef_search reached {t['target']:g}: searches use "
                 f"{t['best_ef_search']}, the best the index graph gives ({t['recall']:.3f}); "
-                "rebuild it denser (docs/search.md, 'Tuning')"
+                "rebuild it denser: `pgrag reindex` (docs/search.md, 'Tuning')"
             )
             click.echo(
                 f"recall:     {chosen}, measured {str(t['measured_at'])[:16].replace('T', ' ')} at "
@@ -707,9 +707,9 @@ def _sample() -> Sequence[click.Command]:
 
 
 def _filter_index() -> Sequence[click.Command]:
-    from pgrag.cli.index import filter_index
+    from pgrag.cli.index import filter_index, reindex
 
-    return (filter_index,)
+    return (filter_index, reindex)
 
 
 def _stats_cache() -> Sequence[click.Command]:
@@ -738,6 +738,7 @@ cli.commands = LazyCommands(
         "demo": _searching,
         "tune": _searching,
         "filter-index": _filter_index,
+        "reindex": _filter_index,
         "stats-cache": _stats_cache,
         "eval": _evaluating,
         "eval-runs": _evaluating,

@@ -602,3 +602,64 @@ $$;
 
 comment on function pgrag._filter_index_plan(jsonb) is
     'The CREATE INDEX and COMMENT of a filter index, its predicate compiled as a search compiles it';
+
+
+create or replace function pgrag._store_index_plan(m integer, ef_construction integer,
+                                                   out create_ddl text, out drop_ddl text,
+                                                   out drop_new_ddl text)
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+-- The DDL of a rebuild of the store's HNSW index with other graph parameters (pgrag/
+-- filter_index.py runs it, concurrently, which a function cannot): the new index is built
+-- beside the old one as chunks_embedding_hnsw_new, then the old one dropped and the new one
+-- renamed (pgrag._store_index_swap).
+declare
+    vs name;
+begin
+    perform pgrag._check_range('m', m, 2, 100);  -- pgvector's limits
+    perform pgrag._check_range('ef_construction', ef_construction, 4, 1000);
+    if ef_construction < 2 * m then
+        raise exception using errcode = 'PR006',
+            message = format('ef_construction = %s is less than twice m = %s', ef_construction, m),
+            hint = 'pgvector needs ef_construction >= 2 x m: raise ef_construction';
+    end if;
+    select n.nspname into strict vs
+      from pg_extension e join pg_namespace n on n.oid = e.extnamespace
+     where e.extname = 'vector';
+    create_ddl := format('create index concurrently chunks_embedding_hnsw_new on pgrag.chunks '
+                         'using hnsw (embedding %I.vector_cosine_ops) '
+                         'with (m = %s, ef_construction = %s)', vs, m, ef_construction);
+    drop_ddl := 'drop index concurrently if exists pgrag.chunks_embedding_hnsw';
+    drop_new_ddl := 'drop index concurrently if exists pgrag.chunks_embedding_hnsw_new';
+end
+$$;
+
+comment on function pgrag._store_index_plan(integer, integer) is
+    'The DDL of a rebuild of the store''s HNSW index (built beside it, then swapped)';
+
+
+create or replace function pgrag._store_index_swap(m integer, ef_construction integer)
+returns void
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+-- The end of a rebuild, in one transaction, once the old index is dropped: the new index takes
+-- its name, and pgrag.settings the graph's parameters (an index made for another dimension by
+-- pgrag.set_embedder uses them); the measured ef_search goes, since it measured the old graph
+-- (the rebuild measures the new one). ALTER INDEX ... RENAME does not block searches or writes.
+begin
+    if to_regclass('pgrag.chunks_embedding_hnsw_new') is null then
+        raise exception using errcode = 'PR006',
+            message = 'there is no rebuilt index pgrag.chunks_embedding_hnsw_new to swap in',
+            hint = 'run `pgrag reindex` again';
+    end if;
+    alter index pgrag.chunks_embedding_hnsw_new rename to chunks_embedding_hnsw;
+    update pgrag.settings
+       set hnsw_m = _store_index_swap.m, hnsw_ef_construction = _store_index_swap.ef_construction,
+           ef_search = null;
+end
+$$;
+
+comment on function pgrag._store_index_swap(integer, integer) is
+    'The end of a store index rebuild: the new index renamed, the graph''s parameters recorded';

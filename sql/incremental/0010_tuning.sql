@@ -23,7 +23,7 @@ create table pgrag.tuning (
     best_ef_search integer not null check (best_ef_search between 1 and 1000),
     queries integer not null check (queries > 0),
     source text not null check (source in ('questions', 'chunks')),
-    tuned_by text not null check (tuned_by in ('pgrag tune', 'worker'))
+    tuned_by text not null check (tuned_by in ('pgrag tune', 'worker', 'pgrag reindex'))
 );
 
 comment on table pgrag.tuning is
