@@ -540,11 +540,12 @@ class Client(_Replicated):
         maintenance_work_mem: str | None = None,
         progress: Callable[[str, int, int], None] | None = None,
         tune: bool = True,
-    ) -> tuple[StoreIndexRebuild, TuneResult | None]:
+    ) -> tuple[StoreIndexRebuild, TuneResult | str | None]:
         """Rebuild the store's HNSW index (concurrently) with a graph for its size, or the
         given m and ef_construction (``pgrag.filter_index.rebuild_store_index``); then, unless
-        ``tune`` is False, measure ef_search on the new graph as the worker does (None when
-        the store holds fewer vectors than the worker tunes)."""
+        ``tune`` is False, measure ef_search on the new graph as the worker does. Second: the
+        measurement, None when not taken (``tune`` False, or fewer vectors than the worker
+        tunes), or why it failed (the new index stays, searches keep the old ef_search)."""
         from pgrag import filter_index
         from pgrag import tune as tuning
 
@@ -557,9 +558,10 @@ class Client(_Replicated):
                 maintenance_work_mem=maintenance_work_mem,
                 progress=progress,
             )
-            if not tune or done.vectors < tuning.AUTO_MIN_CHUNKS:
-                return done, None
-            with self._primary() as conn:
+        if not tune or done.vectors < tuning.AUTO_MIN_CHUNKS:
+            return done, None
+        try:
+            with self._primary() as conn, mapped_database_errors():
                 return done, tuning.tune(
                     conn,
                     target=tuning.AUTO_TARGET,
@@ -567,6 +569,9 @@ class Client(_Replicated):
                     tuned_by="pgrag reindex",
                     store_best=True,
                 )
+        except (PgragError, psycopg.Error) as exc:
+            text = str(exc).strip()
+            return done, text.splitlines()[0] if text else type(exc).__name__
 
     # ---- the statistics cache (pgrag/stats_cache.py) ----
 

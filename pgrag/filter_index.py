@@ -60,11 +60,13 @@ join pg_class i on i.oid = x.indexrelid
 where x.indrelid = 'pgrag.chunks'::regclass and i.relname like 'chunks\\_embedding\\_hnsw\\_f\\_%'
 order by i.relname
 """
+# One build or drop of an index of the chunks at a time, whichever index: two concurrent builds
+# on one table wait for each other's snapshots, and one of them dies of a deadlock at the end.
 _LOCK: LiteralString = (
-    "select pg_try_advisory_lock(hashtextextended('pgrag filter index ' || %s, 0))"
+    "select pg_try_advisory_lock(hashtextextended('pgrag chunks index builds', 0))"
 )
 _UNLOCK: LiteralString = (
-    "select pg_advisory_unlock(hashtextextended('pgrag filter index ' || %s, 0))"
+    "select pg_advisory_unlock(hashtextextended('pgrag chunks index builds', 0))"
 )
 _BUILDING: LiteralString = (
     "select exists (select from pg_stat_progress_create_index "
@@ -173,32 +175,18 @@ def add(
                 return existing, False
             if existing is not None:
                 conn.execute(sql.SQL("drop index concurrently if exists {}").format(_ident(p.name)))
-            if maintenance_work_mem is not None:
-                conn.execute(
-                    "select set_config('maintenance_work_mem', %s, false)", (maintenance_work_mem,)
-                )
+            set_maintenance_work_mem(conn, maintenance_work_mem)
             try:
                 _run_with_progress(url, conn, p.create, progress)
             except BaseException as exc:
-                # a failed concurrent build leaves an invalid index that every write still
-                # updates: drop it, unless open transactions hold that up
-                left = _drop_quickly(conn, p.name)
-                after = (
-                    f"invalid index {p.name} is left behind, as an open transaction holds it: "
-                    f"drop it with `pgrag filter-index drop {p.name}`"
-                    if left
-                    else "the partial index was dropped"
-                )
-                if isinstance(exc, KeyboardInterrupt) and not left:
-                    raise
-                if not isinstance(exc, psycopg.Error | KeyboardInterrupt):
-                    raise
-                mapped = from_database(exc) if isinstance(exc, psycopg.Error) else None
-                if mapped is not None and not left:
-                    raise mapped from exc
-                raise IndexBuildFailed(
-                    f"building filter index {p.name} failed: {_first_line(exc) or 'interrupted'}"
-                    f" ({after}; fix the cause and run the same add again)"
+                raise _build_failed(
+                    conn,
+                    exc,
+                    p.name,
+                    f"building filter index {p.name}",
+                    "the partial index was dropped",
+                    f"drop it with `pgrag filter-index drop {p.name}`",
+                    "run the same add again",
                 ) from exc
             conn.execute(p.comment)
             built = find(conn, p.name)
@@ -226,23 +214,25 @@ def drop(url: str, filter_or_name: str) -> str | None:
 
 @contextlib.contextmanager
 def _exclusive(conn: psycopg.Connection[Any], name: str) -> Iterator[None]:
-    """One add or drop of an index at a time: a concurrent build shows as an invalid index,
-    which a second add would take for a crashed one and drop."""
-    row = conn.execute(_LOCK, (name,)).fetchone()
+    """One add, drop or rebuild of an index of the chunks at a time: a concurrent build of the
+    same index shows as an invalid index, which a second add would take for a crashed one and
+    drop, and two builds on one table deadlock in their last phase."""
+    row = conn.execute(_LOCK).fetchone()
     building = conn.execute(_BUILDING, (name,)).fetchone()
     if not (row and row[0]) or (building and building[0]):
         if row and row[0]:
-            conn.execute(_UNLOCK, (name,))
+            conn.execute(_UNLOCK)
         raise IndexBuildFailed(
-            f"index {name} is being built or dropped by another session: wait for it "
-            "(pg_stat_progress_create_index shows a build), then run the command again"
+            f"an index of pgrag.chunks ({name} or another) is being built or dropped by another "
+            "session: wait for it (pg_stat_progress_create_index shows a build), then run the "
+            "command again"
         )
     try:
         yield
     finally:
         if not conn.broken:  # a lost connection took the session lock with it
             with contextlib.suppress(psycopg.Error):
-                conn.execute(_UNLOCK, (name,))
+                conn.execute(_UNLOCK)
 
 
 def _drop_quickly(conn: psycopg.Connection[Any], name: str) -> bool:
@@ -268,7 +258,8 @@ NEW_STORE_INDEX = "chunks_embedding_hnsw_new"  # (not a filter index: no PREFIX)
 @dataclass(frozen=True)
 class StoreIndexRebuild:
     """What ``rebuild_store_index`` did: the graph's parameters before and after, the vectors
-    it holds, and the index's size."""
+    it holds, the index's size, and whether it finished a rebuild an earlier run left (whose
+    graph it kept, whatever this run asked)."""
 
     m: int
     ef_construction: int
@@ -276,6 +267,7 @@ class StoreIndexRebuild:
     previous_ef_construction: int
     vectors: int
     size_bytes: int
+    finished_earlier: bool = False
 
 
 _STORE_INDEX_STATE: LiteralString = """
@@ -283,13 +275,9 @@ select s.hnsw_m, s.hnsw_ef_construction,
        (select count(*) from pgrag.chunks) - (select count(*) from pgrag.chunks
                                               where embedding is null) as vectors,
        (select x.indisvalid from pg_index x
-         where x.indexrelid = to_regclass('pgrag.chunks_embedding_hnsw')) as old_valid,
-       (select x.indisvalid from pg_index x
          where x.indexrelid = to_regclass('pgrag.chunks_embedding_hnsw_new')) as new_valid
 from pgrag.settings s
 """
-
-
 # the graph of a rebuilt index not swapped in yet (pgvector's defaults where not given)
 _NEW_GRAPH: LiteralString = """
 select coalesce(max(o.option_value) filter (where o.option_name = 'm'), '16')::int,
@@ -297,6 +285,18 @@ select coalesce(max(o.option_value) filter (where o.option_name = 'm'), '16')::i
 from pg_class c left join lateral pg_options_to_table(c.reloptions) o on true
 where c.oid = 'pgrag.chunks_embedding_hnsw_new'::regclass
 """
+
+
+def choose_graph(
+    vectors: int, current: tuple[int, int], m: int | None, ef_construction: int | None
+) -> tuple[int, int]:
+    """The graph a rebuild builds: the given m and ef_construction, else the store size's
+    (``config.graph_for``) but never sparser than the current graph; ef_construction at least
+    twice m (pgvector's rule)."""
+    sized = config.graph_for(vectors)
+    want_m = m or max(sized[0], current[0])
+    want_efc = ef_construction or max(sized[1], current[1], 2 * want_m)
+    return want_m, want_efc
 
 
 def rebuild_store_index(
@@ -307,71 +307,107 @@ def rebuild_store_index(
     maintenance_work_mem: str | None = None,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> StoreIndexRebuild:
-    """Rebuild the store's HNSW index with ``m`` and ``ef_construction`` (default: by the
-    store's size, ``config.graph_for``), concurrently: searches and writes go on, on the old
-    graph until the new one is swapped in. A run that died while dropping the old index
-    or before the swap is finished by the next run; a new index left by a run that died
-    before that is dropped and built again. IndexBuildFailed if the build fails or is
-    cancelled (the old index stays)."""
-    with psycopg.connect(url, autocommit=True) as conn, _exclusive(conn, NEW_STORE_INDEX):
+    """Rebuild the store's HNSW index with ``m`` and ``ef_construction`` (default
+    ``choose_graph``), concurrently: searches and writes go on, on the old graph until the new
+    one replaces it. A new index an earlier run finished building is swapped in as it is (that
+    run's graph; ``finished_earlier``); a half-built one is dropped and built again.
+    IndexBuildFailed if the build fails or is cancelled (the old index stays as it was).
+    ``progress(phase, done, total)``: the build's phases, then the drop of the old index,
+    which waits for the transactions open on the chunks."""
+    with psycopg.connect(url, autocommit=True) as conn, _exclusive(conn, STORE_INDEX):
         row = conn.execute(_STORE_INDEX_STATE).fetchone()
         assert row is not None
-        prev_m, prev_efc, vectors = int(row[0]), int(row[1]), int(row[2])
-        old_valid, new_valid = row[3], row[4]
-        want_m, want_efc = config.graph_for(vectors)
-        m, ef_construction = m or want_m, ef_construction or want_efc
-        with mapped_database_errors():
+        prev = (int(row[0]), int(row[1]))
+        vectors, new_valid = int(row[2]), row[3]
+        m, ef_construction = choose_graph(vectors, prev, m, ef_construction)
+        with mapped_database_errors():  # PR006: a graph pgvector refuses, or not the owner
             p = conn.execute(
                 "select create_ddl, drop_ddl, drop_new_ddl from pgrag._store_index_plan(%s, %s)",
                 (m, ef_construction),
             ).fetchone()
         assert p is not None
         create, drop_old, drop_new = (str(x).encode() for x in p)
-        if new_valid and not old_valid:  # the last run died while dropping the old one
+        finished_earlier = bool(new_valid)
+        if finished_earlier:  # built by a run that died before its swap: swapped in as it is
             built = conn.execute(_NEW_GRAPH).fetchone()
             assert built is not None
             m, ef_construction = int(built[0]), int(built[1])
-            conn.execute(drop_old)
-            conn.execute("select pgrag._store_index_swap(%s, %s)", (m, ef_construction))
         else:
-            if new_valid is not None:  # left by a build that died: its graph is unknown
+            if new_valid is not None:  # half built by a run that died
                 conn.execute(drop_new)
-            if maintenance_work_mem is not None:
-                conn.execute(
-                    "select set_config('maintenance_work_mem', %s, false)",
-                    (maintenance_work_mem,),
-                )
+            set_maintenance_work_mem(conn, maintenance_work_mem)
             try:
                 _run_with_progress(url, conn, create, progress)
             except BaseException as exc:
-                left = _drop_quickly(conn, NEW_STORE_INDEX)
-                if isinstance(exc, KeyboardInterrupt) and not left:
-                    raise
-                if not isinstance(exc, psycopg.Error | KeyboardInterrupt):
-                    raise
-                after = (
-                    f"invalid index {NEW_STORE_INDEX} is left behind, as an open "
-                    "transaction holds it: the next `pgrag reindex` drops it"
-                    if left
-                    else "the store's index is as it was"
-                )
-                raise IndexBuildFailed(
-                    f"rebuilding the store index failed: "
-                    f"{_first_line(exc) or 'interrupted'} ({after}; fix the cause and run "
-                    "`pgrag reindex` again)"
+                raise _build_failed(
+                    conn,
+                    exc,
+                    NEW_STORE_INDEX,
+                    "rebuilding the store index",
+                    "the store's index is as it was",
+                    "the next `pgrag reindex` drops it",
+                    "run `pgrag reindex` again",
                 ) from exc
-            conn.execute(drop_old)
-            conn.execute("select pgrag._store_index_swap(%s, %s)", (m, ef_construction))
+        if progress is not None:
+            progress("dropping the old index (waits for open transactions)", 0, 1)
+        conn.execute(drop_old)
+        conn.execute("select pgrag._store_index_swap(%s, %s)", (m, ef_construction))
+        if progress is not None:
+            progress("dropping the old index (waits for open transactions)", 1, 1)
         size = conn.execute(
             "select pg_relation_size(to_regclass('pgrag.chunks_embedding_hnsw'))"
         ).fetchone()
     return StoreIndexRebuild(
         m=m,
         ef_construction=ef_construction,
-        previous_m=prev_m,
-        previous_ef_construction=prev_efc,
+        previous_m=prev[0],
+        previous_ef_construction=prev[1],
         vectors=vectors,
         size_bytes=int(size[0] or 0) if size else 0,
+        finished_earlier=finished_earlier,
+    )
+
+
+def set_maintenance_work_mem(conn: psycopg.Connection[Any], value: str | None) -> None:
+    """The build's memory for this session; ConfigError for a value that is not a size."""
+    if value is None:
+        return
+    try:
+        conn.execute("select set_config('maintenance_work_mem', %s, false)", (value,))
+    except psycopg.errors.InvalidParameterValue as exc:
+        raise ConfigError(
+            f"maintenance_work_mem {value!r} is not a memory size PostgreSQL takes: write e.g. "
+            "2GB or 512MB"
+        ) from exc
+
+
+def _build_failed(
+    conn: psycopg.Connection[Any],
+    exc: BaseException,
+    name: str,
+    what: str,
+    intact: str,
+    cleanup: str,
+    again: str,
+) -> BaseException:
+    """What to raise when a concurrent build of ``name`` failed: the invalid index it left is
+    dropped first, unless open transactions hold that up. The exception itself for a
+    KeyboardInterrupt or an error not of the database's, when nothing is left behind."""
+    left = _drop_quickly(conn, name)
+    if isinstance(exc, KeyboardInterrupt) and not left:
+        return exc
+    if not isinstance(exc, psycopg.Error | KeyboardInterrupt):
+        return exc
+    mapped = from_database(exc) if isinstance(exc, psycopg.Error) else None
+    if mapped is not None and not left:
+        return mapped
+    after = (
+        f"invalid index {name} is left behind, as an open transaction holds it: {cleanup}"
+        if left
+        else intact
+    )
+    return IndexBuildFailed(
+        f"{what} failed: {_first_line(exc) or 'interrupted'} ({after}; fix the cause and {again})"
     )
 
 

@@ -296,13 +296,13 @@ def test_filters_that_select_all_or_nothing_are_refused(store_url: str) -> None:
 def test_one_add_or_drop_of_an_index_at_a_time(store_url: str) -> None:
     name = _index_name(store_url, {"p1": True})
     with psycopg.connect(store_url, autocommit=True) as other:
-        other.execute(
-            "select pg_advisory_lock(hashtextextended('pgrag filter index ' || %s, 0))", (name,)
-        )
+        other.execute("select pg_advisory_lock(hashtextextended('pgrag chunks index builds', 0))")
         with pytest.raises(IndexBuildFailed, match="being built or dropped by another session"):
             filter_index.add(store_url, {"p1": True})
         with pytest.raises(IndexBuildFailed, match="being built or dropped"):
             filter_index.drop(store_url, name)
+        with pytest.raises(IndexBuildFailed, match="being built or dropped"):  # one lock for all
+            filter_index.rebuild_store_index(store_url)
 
 
 def test_an_error_in_the_progress_callback_cancels_the_build(store_url: str) -> None:
@@ -393,11 +393,27 @@ def test_reindex_rebuilds_the_graph_then_tunes_it(small_store: str) -> None:
         assert tuned == ("pgrag reindex", 2000)
         q = synthetic.queries(1)[0][0]
         assert len(s.search(conn, vector=q, model="synthetic", k=10, mode="vector").hits) == 10
-    # by default the graph follows the store's size: a small store gets the defaults back
+    # by default the graph follows the store's size, never sparser than the current one
     with connect(small_store) as client:
         done, tuned_again = client.reindex(tune=False)
-    assert (done.m, done.ef_construction, done.previous_m) == (16, 64, 8)
-    assert tuned_again is None
+        assert (done.m, done.ef_construction, done.previous_m) == (16, 64, 8)
+        assert tuned_again is None
+        client.reindex(m=24, ef_construction=80, tune=False)
+        done, _ = client.reindex(tune=False)
+        assert (done.m, done.ef_construction) == (24, 80)
+        done, _ = client.reindex(m=40, tune=False)  # ef_construction at least twice m
+        assert (done.m, done.ef_construction) == (40, 80)
+
+
+def test_reindex_without_tuning_keeps_the_measured_ef_search(small_store: str) -> None:
+    env = {"PGRAG_DATABASE_URL": small_store}
+    with psycopg.connect(small_store, autocommit=True) as conn:
+        conn.execute("update pgrag.settings set ef_search = 200")
+    r = run_pgrag("reindex", "--no-tune", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "ef_search not measured (--no-tune)" in r.stdout
+    with psycopg.connect(small_store) as conn:
+        assert conn.execute("select ef_search from pgrag.settings").fetchone() == (200,)
 
 
 def test_the_graph_follows_the_store_size() -> None:
@@ -416,7 +432,7 @@ def test_a_reindex_that_died_is_finished_or_built_again(small_store: str) -> Non
         )
         conn.execute("drop index pgrag.chunks_embedding_hnsw")
         done = filter_index.rebuild_store_index(small_store, m=20, ef_construction=60)
-        assert (done.m, done.ef_construction) == (12, 40)
+        assert (done.m, done.ef_construction, done.finished_earlier) == (12, 40, True)
         assert conn.execute(_GRAPH).fetchone()[:2] + (True,) == (12, 40, True)  # type: ignore[index]
         # died while building: the half-built index is dropped and the rebuild runs
         conn.execute(
@@ -429,8 +445,19 @@ def test_a_reindex_that_died_is_finished_or_built_again(small_store: str) -> Non
         )
         done = filter_index.rebuild_store_index(small_store, m=10, ef_construction=30)
         assert (done.m, done.ef_construction, done.previous_m) == (10, 30, 12)
+        assert not done.finished_earlier
         m, efc, _, no_new = conn.execute(_GRAPH).fetchone()  # type: ignore[misc]
         assert (m, efc, no_new) == (10, 30, True)
+        # died after building, before or while dropping the old index: both are valid, and
+        # the finished one is swapped in, whatever the next run asks
+        conn.execute(
+            "create index chunks_embedding_hnsw_new on pgrag.chunks "
+            "using hnsw (embedding vector_cosine_ops) with (m = 14, ef_construction = 28)"
+        )
+        done = filter_index.rebuild_store_index(small_store, m=20, ef_construction=60)
+        assert (done.m, done.ef_construction, done.finished_earlier) == (14, 28, True)
+        m, efc, _, no_new = conn.execute(_GRAPH).fetchone()  # type: ignore[misc]
+        assert (m, efc, no_new) == (14, 28, True)
 
 
 def test_reindex_refuses_a_graph_pgvector_cannot_build(small_store: str) -> None:
@@ -439,5 +466,13 @@ def test_reindex_refuses_a_graph_pgvector_cannot_build(small_store: str) -> None
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.startswith("pgrag: error: ef_construction = 50 is less than twice m = 40")
     assert len(r.stderr.strip().splitlines()) == 1
+    r = run_pgrag("reindex", "--maintenance-work-mem", "lots", env=env)
+    assert r.returncode == 2 and r.stderr.startswith(
+        "pgrag: error: maintenance_work_mem 'lots' is not a memory size"
+    )
+    # the writer role may write chunks, not rebuild their index: one line naming the owner
+    r = run_pgrag("reindex", env={**env, "PGOPTIONS": "-c role=pgrag_writer"})
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "needs the owner of pgrag.chunks" in r.stderr and "connect as" in r.stderr
     with psycopg.connect(small_store) as conn:
         assert conn.execute(_GRAPH).fetchone()[:2] == (16, 64)  # type: ignore[index]

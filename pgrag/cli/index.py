@@ -180,13 +180,14 @@ def reindex(
 ) -> None:
     """Rebuild the store's HNSW index with a graph for its size, then tune ef_search.
 
-    By default the graph follows the store's size: m 16 and ef_construction 64 below 500,000
-    vectors, m 32 and ef_construction 200 from there (at 1,000,000 chunks the default graph
-    stops short of recall 0.95 at any ef_search; `pgrag status` says so). The new index is
-    built with CREATE INDEX CONCURRENTLY beside the old one, which serves searches until the
-    new one replaces it; writes go on. Then ef_search is measured on the new graph, as the
-    worker does (`pgrag tune`). Run it as the owner of pgrag.chunks (the role that ran
-    `pgrag db upgrade`). A failed or cancelled build leaves the old index as it was.
+    By default the graph follows the store's size, never sparser than the current one: m 16
+    and ef_construction 64 below 500,000 vectors, m 32 and ef_construction 200 from there (at
+    1,000,000 chunks the default graph stops short of recall 0.95 at any ef_search; `pgrag
+    status` says so). The new index is built with CREATE INDEX CONCURRENTLY beside the old
+    one, which serves searches until the new one replaces it; writes go on. Then ef_search is
+    measured on the new graph, as the worker does (`pgrag tune`). Run it as the owner of
+    pgrag.chunks (the role that ran `pgrag db upgrade`). A failed or cancelled build leaves
+    the old index as it was; a new index an earlier run finished is swapped in by the next.
     """
     from pgrag.db import connect
 
@@ -203,13 +204,25 @@ def reindex(
             )
         finally:
             bar(None, 0, 0)
+    earlier = (
+        " (the rebuild an earlier run left, swapped in with its graph: run `pgrag reindex` again "
+        "for another)"
+        if done.finished_earlier
+        else ""
+    )
     click.echo(
         f"store index rebuilt in {time.perf_counter() - started:.1f} s: m {done.m}, "
         f"ef_construction {done.ef_construction} (was {done.previous_m}, "
         f"{done.previous_ef_construction}), {done.vectors:,} vectors, "
-        f"{done.size_bytes / 2**20:,.1f} MB"
+        f"{done.size_bytes / 2**20:,.1f} MB{earlier}"
     )
-    if tuned is not None:
+    if isinstance(tuned, str):
+        click.echo(
+            f"pgrag: warning: measuring ef_search on the new graph failed: {tuned}; searches "
+            "keep the old value until `pgrag tune` runs",
+            err=True,
+        )
+    elif tuned is not None:
         chosen = (
             tuned.chosen
             if tuned.chosen is not None
@@ -217,3 +230,9 @@ def reindex(
         )
         best = max(p.recall for p in tuned.points if p.ef_search == chosen)
         click.echo(f"ef_search {chosen}: recall@{tuned.k} {best:.3f} on {tuned.source}")
+    elif not no_tune:
+        click.echo("ef_search not measured: the store holds too few vectors to need it")
+    else:
+        click.echo(
+            "ef_search not measured (--no-tune): run `pgrag tune` to size it to the new graph"
+        )
