@@ -82,7 +82,7 @@ def bench_search(
 ) -> None:
     """Sweep search recall and latency on synthetic stores; write docs/search-sweep.md.
 
-    Recall@k and p50/p95/p99 latency for ef_search 20/40/100/200, with and without the
+    Recall@k and p50/p95/p99 latency for ef_search 20/40/100/200/400, with and without the
     iterative scan, at 100%, 10%, 1% and 0.1% filters, bare pgvector beside pgrag's default,
     plus the end-to-end stage breakdown (embed, search, rerank).
 
