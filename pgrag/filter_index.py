@@ -31,7 +31,7 @@ import json
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, LiteralString
+from typing import Any, LiteralString, NoReturn
 
 import psycopg
 from psycopg import sql
@@ -179,7 +179,7 @@ def add(
             try:
                 _run_with_progress(url, conn, p.create, progress)
             except BaseException as exc:
-                raise _build_failed(
+                _build_failed(
                     conn,
                     exc,
                     p.name,
@@ -187,7 +187,7 @@ def add(
                     "the partial index was dropped",
                     f"drop it with `pgrag filter-index drop {p.name}`",
                     "run the same add again",
-                ) from exc
+                )
             conn.execute(p.comment)
             built = find(conn, p.name)
     assert built is not None
@@ -278,13 +278,6 @@ select s.hnsw_m, s.hnsw_ef_construction,
          where x.indexrelid = to_regclass('pgrag.chunks_embedding_hnsw_new')) as new_valid
 from pgrag.settings s
 """
-# the graph of a rebuilt index not swapped in yet (pgvector's defaults where not given)
-_NEW_GRAPH: LiteralString = """
-select coalesce(max(o.option_value) filter (where o.option_name = 'm'), '16')::int,
-       coalesce(max(o.option_value) filter (where o.option_name = 'ef_construction'), '64')::int
-from pg_class c left join lateral pg_options_to_table(c.reloptions) o on true
-where c.oid = 'pgrag.chunks_embedding_hnsw_new'::regclass
-"""
 
 
 def choose_graph(
@@ -327,19 +320,15 @@ def rebuild_store_index(
             ).fetchone()
         assert p is not None
         create, drop_old, drop_new = (str(x).encode() for x in p)
-        finished_earlier = bool(new_valid)
-        if finished_earlier:  # built by a run that died before its swap: swapped in as it is
-            built = conn.execute(_NEW_GRAPH).fetchone()
-            assert built is not None
-            m, ef_construction = int(built[0]), int(built[1])
-        else:
+        finished_earlier = bool(new_valid)  # built by a run that died: swapped in as it is
+        if not finished_earlier:
             if new_valid is not None:  # half built by a run that died
                 conn.execute(drop_new)
             set_maintenance_work_mem(conn, maintenance_work_mem)
             try:
                 _run_with_progress(url, conn, create, progress)
             except BaseException as exc:
-                raise _build_failed(
+                _build_failed(
                     conn,
                     exc,
                     NEW_STORE_INDEX,
@@ -347,23 +336,21 @@ def rebuild_store_index(
                     "the store's index is as it was",
                     "the next `pgrag reindex` drops it",
                     "run `pgrag reindex` again",
-                ) from exc
+                )
         if progress is not None:
             progress("dropping the old index (waits for open transactions)", 0, 1)
         conn.execute(drop_old)
-        conn.execute("select pgrag._store_index_swap(%s, %s)", (m, ef_construction))
+        swapped = conn.execute("select * from pgrag._store_index_swap()").fetchone()
+        assert swapped is not None
         if progress is not None:
             progress("dropping the old index (waits for open transactions)", 1, 1)
-        size = conn.execute(
-            "select pg_relation_size(to_regclass('pgrag.chunks_embedding_hnsw'))"
-        ).fetchone()
     return StoreIndexRebuild(
-        m=m,
-        ef_construction=ef_construction,
+        m=int(swapped[0]),
+        ef_construction=int(swapped[1]),
         previous_m=prev[0],
         previous_ef_construction=prev[1],
         vectors=vectors,
-        size_bytes=int(size[0] or 0) if size else 0,
+        size_bytes=int(swapped[2]),
         finished_earlier=finished_earlier,
     )
 
@@ -389,26 +376,27 @@ def _build_failed(
     intact: str,
     cleanup: str,
     again: str,
-) -> BaseException:
-    """What to raise when a concurrent build of ``name`` failed: the invalid index it left is
-    dropped first, unless open transactions hold that up. The exception itself for a
-    KeyboardInterrupt or an error not of the database's, when nothing is left behind."""
+) -> NoReturn:
+    """Called while handling ``exc``, a failed concurrent build of ``name``: drop the invalid
+    index it left, unless open transactions hold that up, then raise what the caller should
+    see (``exc`` itself for a KeyboardInterrupt or an error not of the database's, when
+    nothing is left behind; pgrag's own error; else IndexBuildFailed saying what is left)."""
     left = _drop_quickly(conn, name)
-    if isinstance(exc, KeyboardInterrupt) and not left:
-        return exc
-    if not isinstance(exc, psycopg.Error | KeyboardInterrupt):
-        return exc
+    if (isinstance(exc, KeyboardInterrupt) and not left) or not isinstance(
+        exc, psycopg.Error | KeyboardInterrupt
+    ):
+        raise  # (the exception being handled)
     mapped = from_database(exc) if isinstance(exc, psycopg.Error) else None
     if mapped is not None and not left:
-        return mapped
+        raise mapped from exc
     after = (
         f"invalid index {name} is left behind, as an open transaction holds it: {cleanup}"
         if left
         else intact
     )
-    return IndexBuildFailed(
+    raise IndexBuildFailed(
         f"{what} failed: {_first_line(exc) or 'interrupted'} ({after}; fix the cause and {again})"
-    )
+    ) from exc
 
 
 def _ident(name: str) -> sql.Identifier:

@@ -105,6 +105,13 @@ class TuneResult:
     applied: bool
     previous: int | None
 
+    @property
+    def closest(self) -> TunePoint:
+        """The smallest ef_search within 0.005 of the best recall measured: what the worker
+        stores when none reached the target (``store_best``)."""
+        top = max(p.recall for p in self.points)
+        return min((p for p in self.points if p.recall >= top - 0.005), key=lambda p: p.ef_search)
+
 
 def override(conn: psycopg.Connection[Any]) -> int | None:
     """An ``ALTER DATABASE / ROLE ... SET pgrag.ef_search`` for this database or role (it
@@ -278,8 +285,7 @@ def _record(
 ) -> None:
     """The measurement into pgrag.tuning and, when a value reached the target (or
     ``store_best``), the store's ef_search, in one transaction."""
-    top = max(p.recall for p in result.points)
-    best = min((p for p in result.points if p.recall >= top - 0.005), key=lambda p: p.ef_search)
+    best = result.closest
     reached = next((p for p in result.points if p.ef_search == result.chosen), None)
     with conn.transaction():
         conn.execute(

@@ -223,13 +223,10 @@ def reindex(
             err=True,
         )
     elif tuned is not None:
-        chosen = (
-            tuned.chosen
-            if tuned.chosen is not None
-            else max(tuned.points, key=lambda p: p.recall).ef_search
+        used = next((p for p in tuned.points if p.ef_search == tuned.chosen), tuned.closest)
+        click.echo(
+            f"ef_search {used.ef_search}: recall@{tuned.k} {used.recall:.3f} on {tuned.source}"
         )
-        best = max(p.recall for p in tuned.points if p.ef_search == chosen)
-        click.echo(f"ef_search {chosen}: recall@{tuned.k} {best:.3f} on {tuned.source}")
     elif not no_tune:
         click.echo("ef_search not measured: the store holds too few vectors to need it")
     else:

@@ -497,44 +497,43 @@ begin
     -- prepared by that role would otherwise run with the caller's rights); any other is
     -- replaced. Where PREPARE is not allowed (inside CREATE or REFRESH MATERIALIZED VIEW, or
     -- pg_prepared_statements is not readable) the statement is planned and run as it is.
-    begin
-        if length(p.statement) > prepare_chars then
-            raise exception using errcode = 'PR099';  -- (caught below, never seen)
-        end if;
-        prepared := 'pgrag_search_'
-                    || left(encode(sha256(convert_to(p.statement, 'UTF8')), 'hex'), 40);
-        -- (the vector parameter's type as this function's argument has it, qualified)
-        wanted := format('prepare %I (text, %s) as %s', prepared,
-                         pg_typeof(query_embedding), p.statement);
-        select s.statement, s.from_sql into held, held_from_sql
-          from pg_prepared_statements s where s.name = prepared;
-        if held is distinct from wanted or not held_from_sql then
-            if held is not null then
-                execute format('deallocate %I', prepared);
-            else
-                for old in select s.name from pg_prepared_statements s
-                            where s.name like 'pgrag\_search\_%'
-                            order by s.prepare_time desc, s.name
-                           offset keep_statements - 1 loop
-                    execute format('deallocate %I', old);
-                end loop;
+    if length(p.statement) <= prepare_chars then
+        begin
+            prepared := 'pgrag_search_'
+                        || left(encode(sha256(convert_to(p.statement, 'UTF8')), 'hex'), 40);
+            -- (the vector parameter's type as this function's argument has it, qualified)
+            wanted := format('prepare %I (text, %s) as %s', prepared,
+                             pg_typeof(query_embedding), p.statement);
+            select s.statement, s.from_sql into held, held_from_sql
+              from pg_prepared_statements s where s.name = prepared;
+            if held is distinct from wanted or not held_from_sql then
+                if held is not null then
+                    execute format('deallocate %I', prepared);
+                else
+                    for old in select s.name from pg_prepared_statements s
+                                where s.name like 'pgrag\_search\_%'
+                                order by s.prepare_time desc, s.name
+                               offset keep_statements - 1 loop
+                        execute format('deallocate %I', old);
+                    end loop;
+                end if;
+                execute wanted;
             end if;
-            execute wanted;
-        end if;
-        return query execute format('execute %I(%L, %L)', prepared, query_text,
-                                    query_embedding::text);
-        return;
-    exception
-        when insufficient_privilege or sqlstate 'PR099' then
-            null;  -- planned and run below
-        when feature_not_supported then
-            -- "cached plan must not change result type" (a migration changed a column):
-            -- prepared again at the next search
-            if prepared is not null
-               and exists (select from pg_prepared_statements s where s.name = prepared) then
-                execute format('deallocate %I', prepared);
-            end if;
-    end;
+            return query execute format('execute %I(%L, %L)', prepared, query_text,
+                                        query_embedding::text);
+            return;
+        exception
+            when insufficient_privilege then
+                null;  -- planned and run below
+            when feature_not_supported then
+                -- "cached plan must not change result type" (a migration changed a column):
+                -- prepared again at the next search
+                if prepared is not null
+                   and exists (select from pg_prepared_statements s where s.name = prepared) then
+                    execute format('deallocate %I', prepared);
+                end if;
+        end;
+    end if;
     return query execute p.statement using query_text, query_embedding;
 end
 $$;
@@ -647,27 +646,37 @@ comment on function pgrag._store_index_plan(integer, integer) is
     'The DDL of a rebuild of the store''s HNSW index (built beside it, then swapped)';
 
 
-create or replace function pgrag._store_index_swap(m integer, ef_construction integer)
-returns void
+create or replace function pgrag._store_index_swap(out m integer, out ef_construction integer,
+                                                   out size_bytes bigint)
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $$
 -- The end of a rebuild, in one transaction, once the old index is dropped: the new index takes
--- its name, and pgrag.settings the graph's parameters (an index made for another dimension by
--- pgrag.set_embedder uses them). The measured ef_search stays until the rebuild measures the
--- new graph: removed, searches would fall to their floor (recall 0.53 at 1,000,000 chunks) if
--- that measurement never came. ALTER INDEX ... RENAME does not block searches or writes.
+-- its name, and pgrag.settings its graph's parameters, read from the index itself (the one built
+-- now, or one a run that died left finished; pgvector's defaults where the index gives none):
+-- an index made for another dimension by pgrag.set_embedder uses them. The measured ef_search
+-- stays until the rebuild measures the new graph: removed, searches would fall to their floor
+-- (recall 0.53 at 1,000,000 chunks) if that measurement never came. ALTER INDEX ... RENAME
+-- does not block searches or writes.
 begin
     if to_regclass('pgrag.chunks_embedding_hnsw_new') is null then
         raise exception using errcode = 'PR006',
             message = 'there is no rebuilt index pgrag.chunks_embedding_hnsw_new to swap in',
             hint = 'run `pgrag reindex` again';
     end if;
+    select coalesce(max(o.option_value) filter (where o.option_name = 'm'), '16')::int,
+           coalesce(max(o.option_value) filter (where o.option_name = 'ef_construction'),
+                    '64')::int,
+           pg_relation_size(c.oid)
+      into m, ef_construction, size_bytes
+      from pg_class c left join lateral pg_options_to_table(c.reloptions) o on true
+     where c.oid = 'pgrag.chunks_embedding_hnsw_new'::regclass
+     group by c.oid;
     alter index pgrag.chunks_embedding_hnsw_new rename to chunks_embedding_hnsw;
-    update pgrag.settings
+    update pgrag.settings s
        set hnsw_m = _store_index_swap.m, hnsw_ef_construction = _store_index_swap.ef_construction;
 end
 $$;
 
-comment on function pgrag._store_index_swap(integer, integer) is
-    'The end of a store index rebuild: the new index renamed, the graph''s parameters recorded';
+comment on function pgrag._store_index_swap() is
+    'The end of a store index rebuild: the new index renamed, its graph''s parameters recorded';
