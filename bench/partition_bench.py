@@ -2,6 +2,13 @@
 
     python bench/partition_bench.py [--rows 1000000] [--partitions 16] [--queries 50]
                                     [--skip-load]
+    python bench/partition_bench.py --pgrag-stores ONE_TABLE_URL PARTITIONED_URL [--queries 50]
+
+With ``--pgrag-stores``: pgrag's own store, the same chunks (ids, vectors, tenants) in a
+database whose store is one table and in one converted with ``pgrag db upgrade
+--tenant-partitions list``, searched through ``pgrag.vector_search`` as the reader role of a
+tenant (row-level security and all) and as the writer (every tenant), interleaved query by
+query; recall against the exact top 10 of the chunks that session sees.
 
 The measurement behind docs/scaling.md's "Partitioned chunk stores": whether a store
 partitioned by tenant, each partition with its own HNSW index, answers a tenant's search
@@ -111,13 +118,116 @@ def sizes(conn: psycopg.Connection[Any]) -> dict[str, float]:
     return out
 
 
+def _as_role(url: str, role: str) -> str:
+    return psycopg.conninfo.make_conninfo(url, options=f"-c role={role}")
+
+
+def pgrag_stores(one: str, parted: str, n_queries: int) -> None:
+    """pgrag.vector_search on a one-table store and on the same chunks partitioned by tenant."""
+    qvecs, _ = synthetic.queries(n_queries)
+    with psycopg.connect(one) as c:
+        tenants = [r[0] for r in c.execute("select distinct tenant from pgrag.chunks order by 1")]
+        shapes = {}
+        for name, url in (("one table", one), ("partitioned", parted)):
+            with psycopg.connect(url) as s:
+                row = s.execute("select store from pgrag.status()").fetchone()
+                shapes[name] = row[0] if row else None
+    rng = np.random.default_rng(5)
+    picked = [tenants[int(i)] for i in rng.integers(0, len(tenants), size=n_queries)]
+    truth: list[set[int]] = []
+    truth_all: list[set[int]] = []
+    with psycopg.connect(one) as c:
+        register_vector(c)
+        c.execute("set enable_indexscan = off")
+        c.execute("set max_parallel_workers_per_gather = 0")
+        for q, t in zip(qvecs, picked, strict=True):
+            truth.append(
+                {
+                    r[0]
+                    for r in c.execute(
+                        "select id from pgrag.chunks where tenant = %s and embedding is not null "
+                        "order by embedding <=> %s limit %s",
+                        (t, q, K),
+                    )
+                }
+            )
+            truth_all.append(
+                {
+                    r[0]
+                    for r in c.execute(
+                        "select id from pgrag.chunks where embedding is not null "
+                        "order by embedding <=> %s limit %s",
+                        (q, K),
+                    )
+                }
+            )
+    conns: dict[tuple[str, str], psycopg.Connection[Any]] = {}
+    for store, url in (("one table", one), ("partitioned", parted)):
+        for scope, role in (("tenant", "pgrag_reader"), ("global", "pgrag_writer")):
+            conn = psycopg.connect(_as_role(url, role), autocommit=True)
+            register_vector(conn)
+            conns[(scope, store)] = conn
+    results: dict[tuple[str, str, int], tuple[list[float], list[float]]] = {}
+    load_before = os.getloadavg()
+    order = [
+        (scope, store) for scope in ("tenant", "global") for store in ("one table", "partitioned")
+    ]
+    for ef in EF:
+        for rounds in range(2):  # the first round warms the caches; the second is measured
+            for n, (q, t) in enumerate(zip(qvecs, picked, strict=True)):
+                for scope, store in order if n % 2 == 0 else order[::-1]:
+                    conn = conns[(scope, store)]
+                    if scope == "tenant":
+                        conn.execute("select set_config('pgrag.tenant', %s, false)", (t,))
+                    started = time.perf_counter()
+                    ids = {
+                        r[0]
+                        for r in conn.execute(
+                            "select id from pgrag.vector_search(%s, %s, ef_search => %s)",
+                            (q, K, ef),
+                        )
+                    }
+                    took = time.perf_counter() - started
+                    if rounds == 0:
+                        continue
+                    lat, rec = results.setdefault((scope, store, ef), ([], []))
+                    want = (truth if scope == "tenant" else truth_all)[n]
+                    lat.append(took)
+                    rec.append(len(ids & want) / K)
+    load_after = os.getloadavg()
+    for conn in conns.values():
+        conn.close()
+    print(
+        f"`python bench/partition_bench.py --pgrag-stores ONE PARTED --queries {n_queries}`: "
+        f"pgrag.vector_search, k = {K}, {os.cpu_count()} cores, load average "
+        f"{load_before[0]:.2f} before and {load_after[0]:.2f} after; stores: "
+        + "; ".join(f"{k}: {v or 'one table'}" for k, v in shapes.items())
+        + ".\n"
+    )
+    print("| search | store | ef_search | recall | p50 ms | p95 ms |")
+    print("|---|---|---:|---:|---:|---:|")
+    for scope in ("tenant", "global"):
+        for ef in EF:
+            for store in ("one table", "partitioned"):
+                lat, rec = results[(scope, store, ef)]
+                print(
+                    f"| {scope} | {store} | {ef} | {statistics.mean(rec):.3f} | "
+                    f"{pct(lat, 0.5):.2f} | {pct(lat, 0.95):.2f} |"
+                )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--partitions", type=int, default=16)
     ap.add_argument("--queries", type=int, default=50)
     ap.add_argument("--skip-load", action="store_true")
+    ap.add_argument("--pgrag-stores", nargs=2, metavar=("ONE_TABLE_URL", "PARTITIONED_URL"))
     args = ap.parse_args()
+    if args.pgrag_stores:
+        one, parted = args.pgrag_stores
+        pgrag_stores(one, parted, args.queries)
+        return
 
     admin = resolve_url(os.environ.get("PGRAG_DATABASE_URL"))
     url = with_database(admin, DB)

@@ -173,6 +173,28 @@ def role_name(kind: str, explicit: str | None = None) -> str | None:
     return name
 
 
+#: The largest number of hash partitions ``--tenant-partitions N`` makes
+#: (sql/migrate/store_shape.sql checks the same bound).
+MAX_TENANT_PARTITIONS = 1024
+
+
+def tenant_partitions(value: str | None) -> str | None:
+    """The chunk store's shape asked for at migration time (docs/scaling.md): ``none`` (one
+    table), ``list`` (a partition per tenant) or N (hash into N partitions); None keeps it."""
+    if value is None:
+        return None
+    text = value.strip().lower()
+    if text in ("none", "list"):
+        return text
+    if text.isdigit() and 2 <= int(text) <= MAX_TENANT_PARTITIONS:
+        return str(int(text))
+    raise ConfigError(
+        f"tenant partitions {value!r} is not none, list or a number from 2 to "
+        f"{MAX_TENANT_PARTITIONS}: pass list (a partition per tenant), N (hash into N "
+        "partitions) or none (one table)"
+    )
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every PGRAG_* setting, read once from the environment (``from_env``) and checked."""

@@ -87,6 +87,9 @@ class StoreStatus:
     # streaming replication: {"role": "primary", "standbys": [...]} or {"role": "standby", ...}
     # (pgrag.status(), docs/scaling.md)
     replication: dict[str, Any] | None = None
+    # the chunk store's partitions (docs/scaling.md): None for one table, else
+    # {"by": "tenant", "strategy": "list" | "hash", "partitions", "default_rows" (list)}
+    store: dict[str, Any] | None = None
 
 
 class _Replicated:

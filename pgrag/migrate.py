@@ -12,7 +12,7 @@ import contextlib
 import io
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -91,6 +91,7 @@ def apply_idempotent(conn: Any) -> None:
     """Apply every idempotent file once, then drop the functions of schema pgrag they no longer
     define (``sql/migrate/``). Run in the migration's transaction, when it ends at head: the files
     hold the one current definition of each function, for head's tables."""
+    run_sql_file(conn, sql_dir() / "migrate" / "store_shape.sql")
     run_sql_file(conn, sql_dir() / "migrate" / "before_idempotent.sql")
     for path in idempotent_files():
         run_sql_file(conn, path)
@@ -109,6 +110,9 @@ class MigrationOptions:
     reader_role: str | None = None
     writer_role: str | None = None
     drop_data: bool = False  # a downgrade may drop tables that hold rows
+    tenant_partitions: str | None = None  # the store's shape (sql/migrate/store_shape.sql)
+    # called with each step of long work the SQL reports (its notices that begin "pgrag: ")
+    progress: Callable[[str], None] | None = None
 
 
 def _alembic_config(options: MigrationOptions) -> Any:
@@ -156,6 +160,8 @@ def upgrade(
     hnsw_ef_construction: int | None = None,
     reader_role: str | None = None,
     writer_role: str | None = None,
+    tenant_partitions: str | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> None:
     """Migrate the database at ``url`` up to ``revision`` in one transaction.
 
@@ -165,6 +171,10 @@ def upgrade(
     ``reader_role`` / ``writer_role`` (default PGRAG_READER_ROLE / PGRAG_WRITER_ROLE, else
     pgrag_reader / pgrag_writer) name the roles revision 0006 creates when missing
     (docs/security.md); like the dimension, they are fixed at that revision.
+
+    ``tenant_partitions`` (``none``, ``list`` or N) converts the chunk store to that shape at
+    head (docs/scaling.md, "Partitioned chunk stores"); None keeps the store as it is.
+    ``progress`` is called with each step of a conversion (a copy, an index built).
     """
     from alembic import command
 
@@ -175,6 +185,8 @@ def upgrade(
         hnsw_ef_construction,
         config.role_name("reader", reader_role),
         config.role_name("writer", writer_role),
+        tenant_partitions=_at_head_only(config.tenant_partitions(tenant_partitions), revision),
+        progress=progress,
     )
     preflight(url, options)
     with _ALEMBIC_LOCK, _alembic_errors():
@@ -190,6 +202,7 @@ def upgrade_sql(
     hnsw_ef_construction: int | None = None,
     reader_role: str | None = None,
     writer_role: str | None = None,
+    tenant_partitions: str | None = None,
 ) -> str:
     """The upgrade from ``start`` (default: an empty database) to ``revision`` as one SQL
     script, without connecting (``alembic upgrade [START:]REVISION --sql``): a DBA reviews it,
@@ -207,6 +220,7 @@ def upgrade_sql(
         hnsw_ef_construction,
         config.role_name("reader", reader_role),
         config.role_name("writer", writer_role),
+        tenant_partitions=_at_head_only(config.tenant_partitions(tenant_partitions), revision),
     )
     cfg = _alembic_config(options)
     buffer = io.StringIO()
@@ -214,6 +228,16 @@ def upgrade_sql(
     with _ALEMBIC_LOCK, _alembic_errors():
         command.upgrade(cfg, revision if start is None else f"{start}:{revision}", sql=True)
     return buffer.getvalue()
+
+
+def _at_head_only(tenant_partitions: str | None, revision: str) -> str | None:
+    """The store's shape is changed at head only (where the idempotent files follow)."""
+    if tenant_partitions is not None and revision not in ("head", head()):
+        raise ConfigError(
+            f"--tenant-partitions applies at head, not at revision {revision}: "
+            "migrate to head with it (`pgrag db upgrade --tenant-partitions ...`)"
+        )
+    return tenant_partitions
 
 
 def downgrade(url: str, revision: str, *, drop_data: bool = False) -> None:
@@ -247,6 +271,13 @@ def current_on(conn: psycopg.Connection[Any]) -> str | None:
         sql.SQL("select version_num from {}").format(sql.Identifier("public", VERSION_TABLE))
     ).fetchone()
     return str(row[0]) if row else None
+
+
+def store_shape(url: str) -> dict[str, Any] | None:
+    """The chunk store's partitions (``pgrag._store_shape()``): None for one table."""
+    with connect_once(url) as conn:
+        row = conn.execute("select pgrag._store_shape()").fetchone()
+    return row[0] if row else None
 
 
 _REVISION = re.compile(r'^(down_revision|revision)\s*=\s*"([^"]*)"', re.M)
@@ -399,6 +430,7 @@ def session_settings(options: MigrationOptions) -> dict[str, str]:
     }
     values["pgrag.reader_role"] = options.reader_role or config.DEFAULT_READER_ROLE
     values["pgrag.writer_role"] = options.writer_role or config.DEFAULT_WRITER_ROLE
+    values["pgrag.tenant_partitions"] = options.tenant_partitions or ""
     return {k: str(v) for k, v in values.items()}
 
 
@@ -441,6 +473,17 @@ def _run(context: Any, options: MigrationOptions) -> None:
         poolclass=pool.NullPool,
     )
     with engine.connect() as connection:
+        if options.progress is not None:
+            report = options.progress
+            driver = connection.connection.driver_connection
+            assert isinstance(driver, psycopg.Connection)
+
+            def notice(diag: psycopg.errors.Diagnostic) -> None:
+                text = diag.message_primary or ""
+                if text.startswith("pgrag: "):
+                    report(text.removeprefix("pgrag: "))
+
+            driver.add_notice_handler(notice)
         context.configure(
             connection=connection,
             version_table=VERSION_TABLE,
@@ -497,6 +540,7 @@ def _run_offline(context: Any, options: MigrationOptions) -> None:
             out(_literal_sql("select set_config({}, {}, true);", name, value))
         context.run_migrations()
         if _destination(context) == head():
+            out(_sql_file_text(sql_dir() / "migrate" / "store_shape.sql"))
             out(_sql_file_text(sql_dir() / "migrate" / "before_idempotent.sql"))
             for path in idempotent_files():
                 out(_sql_file_text(path))
@@ -583,6 +627,7 @@ def _options_from_alembic_cli(context: Any, *, resolve: bool = True) -> Migratio
         reader_role=config.role_name("reader", x.get("reader_role")),
         writer_role=config.role_name("writer", x.get("writer_role")),
         drop_data=str(x.get("drop_data", "")).lower() in ("1", "on", "yes", "true"),
+        tenant_partitions=config.tenant_partitions(x.get("tenant_partitions")),
     )
 
 
@@ -607,6 +652,7 @@ def revision_downgrade(downgrade_file: str) -> None:
     driver = bind.connection.driver_connection
     assert isinstance(driver, psycopg.Connection)
     refuse_data_loss(driver, downgrade_file)
+    refuse_partitioned_store(driver)
     apply_downgrade(bind, "idempotent.sql")
     apply_downgrade(bind, downgrade_file)
 
@@ -637,6 +683,19 @@ def tables_dropped_by(downgrade_file: str) -> list[tuple[str, str]]:
             found.append((schema, table))
     schemas = [m.group(1) for m in _DROP_SCHEMA.finditer(body)]
     return found + [(schema, "*") for schema in schemas]
+
+
+def refuse_partitioned_store(conn: psycopg.Connection[Any]) -> None:
+    """Raise ConfigError if the chunk store is partitioned: the downgrade files know the
+    one-table store only (revision 0006's drops the tenant column, a partitioned store's key)."""
+    row = conn.execute(
+        "select c.relkind = 'p' from pg_class c where c.oid = to_regclass('pgrag.chunks')"
+    ).fetchone()
+    if row and row[0]:
+        raise ConfigError(
+            "the chunk store is partitioned by tenant, and downgrades know the one-table store "
+            "only: nothing was changed; first `pgrag db upgrade --tenant-partitions none`"
+        )
 
 
 def refuse_data_loss(conn: psycopg.Connection[Any], downgrade_file: str) -> None:

@@ -565,14 +565,18 @@ class Reconnect:
 
 
 # SQLSTATE classes and codes of a connection that is gone or a server not (yet) serving:
-# connection exceptions, the server shutting down or starting, a terminated backend.
+# connection exceptions, the server shutting down or starting, a terminated backend; and of a
+# transaction the server rolled back to settle a conflict, which the next attempt does not
+# meet (a serialization failure: on a store partitioned by tenant, a render that moved a chunk
+# to another tenant's partition while the worker wrote its vector; a deadlock).
 _LOST_CLASSES = ("08",)
-_LOST_STATES = frozenset({"57P01", "57P02", "57P03", "57P05"})
+_LOST_STATES = frozenset({"57P01", "57P02", "57P03", "57P05", "40001", "40P01"})
 
 
 def connection_lost(exc: BaseException) -> bool:
-    """Whether an error means the connection or the server went away (try again), rather
-    than a fault of the work (stop)."""
+    """Whether an error means the connection or the server went away, or the server rolled
+    back the transaction to settle a conflict (try again), rather than a fault of the work
+    (stop)."""
     if isinstance(exc, ConnectionFailed):
         return True
     cause = exc.__cause__ if isinstance(exc, PgragError) else exc

@@ -13,7 +13,7 @@ import json
 import random
 import re
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +96,14 @@ def _generate(rng: random.Random) -> tuple[list[tuple[Any, ...]], list[tuple[Any
 
 @pytest.fixture(scope="module")
 def crm(pg_server: TestServer, template_db: str) -> Iterator[Crm]:
+    yield from make_crm(pg_server, template_db)
+
+
+def make_crm(
+    pg_server: TestServer, template_db: str, tenant_partitions: str | None = None
+) -> Generator[Crm]:
+    """The CRM's database, declared, written and embedded; then, given ``tenant_partitions``,
+    its chunk store converted to that shape (tests/test_partitioned_store.py)."""
     name = create_database(pg_server, template=template_db)
     url = pg_server.url_for(name)
     accounts, tickets = _generate(random.Random(7))
@@ -120,6 +128,8 @@ def crm(pg_server: TestServer, template_db: str) -> Iterator[Crm]:
     with Worker(as_role(url, WRITER), embedder, batch_size=64) as worker:  # the writer embeds
         done = worker.drain()
     assert done.written == len(accounts) + len(tickets) + 2 and not done.failures
+    if tenant_partitions is not None:
+        migrate.upgrade(url, tenant_partitions=tenant_partitions)
     with psycopg.connect(url) as conn:
         register_vector(conn)
         rows = conn.execute("select id, tenant, embedding from pgrag.chunks").fetchall()

@@ -98,6 +98,8 @@ def test_a_server_restart_is_waited_out(tmp_path: Path) -> None:
         (psycopg.OperationalError("consuming input failed: server closed the connection"), True),
         (ConnectionFailed("cannot connect"), True),
         (psycopg.errors.AdminShutdown("terminating connection"), True),
+        (psycopg.errors.SerializationFailure("tuple ... moved to another partition"), True),
+        (psycopg.errors.DeadlockDetected("deadlock detected"), True),
         (psycopg.errors.UndefinedTable("no such table"), False),
         (ValueError("x"), False),
     ],

@@ -312,6 +312,14 @@ def db() -> None:
     "if missing; fixed at revision 0006. Env: PGRAG_WRITER_ROLE.",
 )
 @click.option(
+    "--tenant-partitions",
+    metavar="list|N|none",
+    help="Convert the chunk store at head: partitioned by tenant, a partition (and an HNSW "
+    "graph) per tenant (list) or N by hash; none: back to one table. Copies every chunk and "
+    "builds the indexes again under a lock that stops searches and renders meanwhile "
+    "(docs/scaling.md). Default: keep the store as it is.",
+)
+@click.option(
     "--sql",
     "as_sql",
     is_flag=True,
@@ -327,6 +335,7 @@ def db_upgrade(
     hnsw_ef_construction: int | None,
     reader_role: str | None,
     writer_role: str | None,
+    tenant_partitions: str | None,
     as_sql: bool,
 ) -> None:
     """Migrate up to REVISION (default: head), in one transaction."""
@@ -341,6 +350,7 @@ def db_upgrade(
                 hnsw_ef_construction=hnsw_ef_construction,
                 reader_role=reader_role,
                 writer_role=writer_role,
+                tenant_partitions=tenant_partitions,
             ),
             nl=False,
         )
@@ -355,12 +365,16 @@ def db_upgrade(
         hnsw_ef_construction=hnsw_ef_construction,
         reader_role=reader_role,
         writer_role=writer_role,
+        tenant_partitions=tenant_partitions,
+        progress=lambda step: click.echo(f"pgrag: {step}", err=True),
     )
     after = migrate.current(url)
     if before == after:
         click.echo(f"already at {after}; functions refreshed")
     else:
         click.echo(f"migrated {before or 'base'} -> {after}")
+    if tenant_partitions is not None:
+        click.echo(f"chunk store: {store_line(migrate.store_shape(url))}")
 
 
 @db.command("downgrade")
@@ -659,6 +673,22 @@ def status(state: _State) -> None:
         line = _replication_line(st.replication)
         if line:
             click.echo(line)
+        click.echo(f"store:      {store_line(st.store)}")
+
+
+def store_line(shape: Mapping[str, Any] | None) -> str:
+    """How ``pgrag status`` and ``pgrag db upgrade --tenant-partitions`` describe the chunk
+    store's partitions (``pgrag._store_shape()``)."""
+    if not shape:
+        return "one table"
+    text = f"partitioned by {shape['by']} ({shape['strategy']}, {shape['partitions']} partitions)"
+    waiting = shape.get("default_rows")
+    if waiting:
+        text += (
+            f"; {waiting:,} chunks of tenants without a partition of their own wait in the "
+            "default one: `pgrag db upgrade --tenant-partitions list` gives them theirs"
+        )
+    return text
 
 
 def _replication_line(r: Mapping[str, Any] | None) -> str | None:

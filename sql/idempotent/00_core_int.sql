@@ -112,6 +112,55 @@ comment on function pgrag._sees_all_tenants() is
 
 
 
+create or replace function pgrag._store_partitioned()
+returns boolean
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+-- Whether pgrag.chunks is partitioned by tenant (`pgrag db upgrade --tenant-partitions`,
+-- sql/migrate/store_shape.sql). (By name, not a regclass constant: a conversion drops the old
+-- table, and no function should go with it.)
+return coalesce((select c.relkind = 'p' from pg_class c
+                  where c.oid = to_regclass('pgrag.chunks')), false);
+
+comment on function pgrag._store_partitioned() is
+    'Whether the chunk store is partitioned by tenant (pgrag db upgrade --tenant-partitions)';
+
+
+create or replace function pgrag._store_shape()
+returns jsonb
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+-- The chunk store's partitions: NULL for one table, else {"by": "tenant", "strategy",
+-- "partitions", "default_rows"} (list: the chunks of tenants waiting in the default partition
+-- for the next `pgrag db upgrade --tenant-partitions list`; read under the caller's row-level
+-- security).
+declare
+    shape jsonb;
+    waiting bigint;
+begin
+    if not pgrag._store_partitioned() then
+        return null;
+    end if;
+    select jsonb_build_object('by', 'tenant',
+                              'strategy', case p.partstrat when 'l' then 'list' else 'hash' end,
+                              'partitions', (select count(*) from pg_inherits h
+                                              where h.inhparent = p.partrelid))
+      into strict shape
+      from pg_partitioned_table p where p.partrelid = 'pgrag.chunks'::regclass;
+    if shape ->> 'strategy' = 'list' and to_regclass('pgrag.chunks_default') is not null then
+        select count(*) into waiting from pgrag.chunks c
+         where c.tableoid = to_regclass('pgrag.chunks_default');
+        shape := shape || jsonb_build_object('default_rows', waiting);
+    end if;
+    return shape;
+end
+$fn$;
+
+comment on function pgrag._store_shape() is
+    'The chunk store''s partitions (NULL: one table; else by, strategy, partitions, default_rows)';
+
+
 create or replace function pgrag._limit(name text)
 returns integer
 language sql immutable strict parallel safe security invoker

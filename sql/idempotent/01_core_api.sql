@@ -35,7 +35,7 @@ comment on function pgrag.check_dimension(integer) is
 select pgrag._drop_if_changed(to_regprocedure('pgrag.status()'),
     'TABLE(embedding_dim integer, embedding_model text, chunks bigint, pending bigint, '
     'doc_types jsonb, render_queued bigint, render_oldest interval, render_lag jsonb, '
-    'render_errors bigint, tuning jsonb, replication jsonb)');
+    'render_errors bigint, tuning jsonb, replication jsonb, store jsonb)');
 
 create or replace function pgrag.status()
 returns table (
@@ -52,11 +52,15 @@ returns table (
     tuning jsonb,            -- the last recall measurement (pgrag.tuning; NULL: none, or the
                              -- caller may not read it): ef_search, recall, target, k, chunks,
                              -- best_ef_search, model, measured_at, tuned_by
-    replication jsonb        -- this server's place in streaming replication (docs/scaling.md):
+    replication jsonb,       -- this server's place in streaming replication (docs/scaling.md):
                              -- a primary's standbys {"role": "primary", "standbys": [{name,
                              -- state, replay_lag_ms}]} (a role without pg_monitor sees their
                              -- names only), or {"role": "standby", "received_not_replayed_bytes",
                              -- "last_replayed_commit_age_ms"}
+    store jsonb              -- the chunk store's partitions (pgrag._store_shape()): NULL for
+                             -- one table, else {"by": "tenant", "strategy": "list" | "hash",
+                             -- "partitions", "default_rows" (list: chunks of tenants without
+                             -- a partition of their own)}
 )
 language plpgsql stable security invoker
 set search_path = pg_catalog, pg_temp
@@ -115,13 +119,15 @@ begin
           into replication
           from pg_stat_replication sr;
     end if;
+    store := pgrag._store_shape();
     return next;
 end
 $fn$;
 
 comment on function pgrag.status() is
     'Store size, chunks waiting for a vector, chunks per document type, the render queue, its '
-    'lag, render errors, the last recall measurement and the server''s replication';
+    'lag, render errors, the last recall measurement, the server''s replication and the '
+    'store''s partitions';
 
 
 create or replace function pgrag.current_tenant()

@@ -455,7 +455,7 @@ begin
                 from todo s
                 where not exists (select from upd u where u.source_key = s.key)
                 order by s.key
-                on conflict (doc_type, source_key) do update
+                on conflict %5$s do update
                 set text = excluded.text,
                     metadata = excluded.metadata,
                     parent_key = excluded.parent_key,
@@ -483,7 +483,11 @@ begin
             case when t.parent_type is null then 'null::bigint'
                  else format('(select p.id from pgrag.chunks p where p.doc_type = %L '
                              'and p.source_key = r.parent)', t.parent_type) end,
-            pgrag._limit('document_chars'));
+            pgrag._limit('document_chars'),
+            -- the store's unique key: a partitioned store's holds the tenant too
+            -- (sql/migrate/store_shape.sql)
+            case when pgrag._store_partitioned() then '(doc_type, source_key, tenant)'
+                 else '(doc_type, source_key)' end);
 
     perform pgrag._create_generated(pgrag._generated('store', t.name), 'text[]', format($f$
         create or replace function pgrag_docs.%1$I(keys text[])
@@ -1254,6 +1258,44 @@ begin
             after insert on pgrag.sync_pending
             deferrable initially deferred
             for each row execute function pgrag._sync_at_commit();
+    end if;
+end
+$$;
+
+
+create or replace function pgrag._chunks_deleted()
+returns trigger
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+-- A partitioned store's stand-in for the foreign keys to pgrag.chunks (id) that a partitioned
+-- table cannot have (sql/migrate/store_shape.sql): the chunks a statement deleted take their
+-- children and their embedder errors with them, as ON DELETE CASCADE does in the one-table
+-- store. The children's delete fires it again, one level down, until a level has none.
+begin
+    if not exists (select from gone) then
+        return null;
+    end if;
+    delete from pgrag.embed_errors e where e.chunk_id in (select g.id from gone g);
+    delete from pgrag.chunks c
+     where c.parent_id in (select g.id from gone g where g.id is not null);
+    return null;
+end
+$fn$;
+
+
+-- The trigger exists on a partitioned store only (the one-table store has its foreign keys);
+-- a conversion makes a new table, so there is never one to drop.
+do $$
+begin
+    if pgrag._store_partitioned()
+       and not exists (select from pg_trigger
+                        where tgrelid = 'pgrag.chunks'::regclass
+                          and tgname = 'pgrag_chunks_cascade') then
+        create trigger pgrag_chunks_cascade
+            after delete on pgrag.chunks
+            referencing old table as gone
+            for each statement execute function pgrag._chunks_deleted();
     end if;
 end
 $$;

@@ -508,6 +508,19 @@ begin
                                          from pgrag.doc_types d), 'none')),
             hint = '`pgrag documents list` shows the declared types';
     end if;
+    -- A partitioned store's unique key holds the tenant (sql/migrate/store_shape.sql): a
+    -- document stored under two tenants is one it does not prevent.
+    if pgrag._store_partitioned() then
+        return query
+            select c.doc_type, c.source_key,
+                   format('stored %s times (tenants %s)', count(*),
+                          string_agg(coalesce(quote_literal(c.tenant), 'NULL'), ', '
+                                     order by c.tenant))
+              from pgrag.chunks c
+             where only_type is null or c.doc_type = only_type
+             group by c.doc_type, c.source_key having count(*) > 1
+             order by 1, 2;
+    end if;
     for t in select * from pgrag.doc_types d
               where only_type is null or d.name = only_type
               order by d.parent_type nulls first, d.name loop

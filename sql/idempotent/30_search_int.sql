@@ -147,7 +147,8 @@ comment on function pgrag._search_default(text) is
 
 
 create or replace function pgrag._search_statement(mode text, where_sql text, skip_count boolean,
-                                                   vector_schema name, bound jsonb default null)
+                                                   vector_schema name, bound jsonb default null,
+                                                   tenant_sql text default 'true')
 returns text
 language plpgsql immutable parallel safe security invoker
 set search_path = pg_catalog, pg_temp
@@ -159,7 +160,9 @@ as $$
 -- $5 exact_threshold, $6 rrf_k, $7 fts_limit, $8 match. bound (k, kc, exact_threshold, rrf_k,
 -- fts_limit, match): $3 to $8 written as these values instead, so that the statement's plan,
 -- its limits known, can be prepared once and reused (pgrag._search); they go in before
--- where_sql, whose literals are never touched. A chain of CTEs:
+-- where_sql, whose literals are never touched. tenant_sql: on a partitioned store, the
+-- condition on the tenants the search sees (pgrag._search_tenants, also in where_sql), so that
+-- fetching the hits reads only their partitions. A chain of CTEs:
 --   matched / counted: the filter's matching rows with their distances, up to exact_threshold,
 --     and how many (skipped: counted as exact_threshold);
 --   vec_index: at exact_threshold or more, the HNSW index with pgvector's iterative scan
@@ -263,7 +266,7 @@ select c.id, c.doc_type, c.source_key, c.text, c.metadata, f.score::double preci
        f.text_score::real as text_score, c.parent_id, p.source_key as parent_source_key,
        p.text as parent_text, %4$s as scan
 from fused f
-join pgrag.chunks c on c.id = f.id
+join pgrag.chunks c on c.id = f.id%5$s
 left join pgrag.chunks p on p.id = c.parent_id
 order by f.score desc, f.id
 $f$;
@@ -276,11 +279,12 @@ $f$;
         tpl := replace(tpl, '$3', (bound ->> 'k')::integer::text);
     end if;
     return format(tpl, where_sql, op, case when skip_count then 'true' else 'false' end,
-                  case when mode = 'text' then '''text''::text' else '(select scan from path)' end);
+                  case when mode = 'text' then '''text''::text' else '(select scan from path)' end,
+                  case when tenant_sql <> 'true' then ' and ' || tenant_sql else '' end);
 end
 $$;
 
-comment on function pgrag._search_statement(text, text, boolean, name, jsonb) is
+comment on function pgrag._search_statement(text, text, boolean, name, jsonb, text) is
     'The one search statement (CTEs: filter, HNSW or exact scan, full text, fusion)';
 
 
@@ -329,6 +333,7 @@ as $$
 -- security, as EXPLAIN tells any role that reads pgrag.chunks (docs/security.md).
 declare
     where_sql text;
+    tenant_sql text;
     cur refcursor;
     plan json;
     vs name;
@@ -390,6 +395,10 @@ begin
     if doc_types is not null then
         where_sql := format('(%s) and c.doc_type = any(%L::text[])', where_sql, doc_types);
     end if;
+    if pgrag._store_partitioned() then  -- only the partitions of the tenants it may see
+        tenant_sql := pgrag._search_tenants(doc_types);
+        where_sql := format('(%s) and %s', where_sql, tenant_sql);
+    end if;
     kc := greatest(coalesce(candidates, case when mode = 'vector' then 2 * k else 4 * k end), k);
     if mode <> 'text' then
         -- The planner's estimate of the filter's rows (EXPLAIN: about 0.1 ms): counting the
@@ -423,7 +432,8 @@ begin
                                                                 'exact_threshold', exact_threshold,
                                                                 'rrf_k', rrf_k,
                                                                 'fts_limit', fts_limit,
-                                                                'match', match));
+                                                                'match', match),
+                                         coalesce(tenant_sql, 'true'));
 end
 $$;
 
@@ -543,6 +553,67 @@ comment on function pgrag._search(text, text, vector, integer, jsonb, text[], te
     'Run a search: pgrag._search_plan, then its statement with the search''s values bound';
 
 
+create or replace function pgrag._refuse_partitioned_store(what text)
+returns void
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+-- PR006 on a partitioned store for what builds an index CONCURRENTLY on pgrag.chunks, which
+-- PostgreSQL does not do on a partitioned table.
+begin
+    if pgrag._store_partitioned() then
+        raise exception using errcode = 'PR006',
+            message = format('%s is built concurrently on one table, and the chunk store is '
+                             'partitioned by tenant (PostgreSQL builds no index concurrently on '
+                             'a partitioned table)', what),
+            hint = 'a tenant''s search already walks its own partition''s graph; to rebuild the '
+                   'graphs with other parameters, `pgrag db upgrade --tenant-partitions none`, '
+                   'then again with list or N (docs/scaling.md)';
+    end if;
+end
+$$;
+
+comment on function pgrag._refuse_partitioned_store(text) is
+    'PR006 when the chunk store is partitioned, for what builds an index concurrently on it';
+
+
+create or replace function pgrag._search_tenants(doc_types text[])
+returns text
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+-- On a partitioned store (docs/scaling.md), the tenants a search can see as a condition on the
+-- partition key, written into the statement as a constant so that the planner reads only their
+-- partitions. It says no more than row-level security does (a shared type's chunks have no
+-- tenant, a tenant-scoped type's have one; a role bound to a tenant sees the shared chunks and
+-- its own): a session of one tenant searching a tenant-scoped type walks that tenant's
+-- partition alone, not the shared one besides. A session that sees every tenant narrows only
+-- a search of shared types.
+declare
+    shared boolean;  -- a searched type has no tenant column
+    scoped boolean;  -- a searched type has one
+    tenant text;
+begin
+    select bool_or(d.tenant_column is null), bool_or(d.tenant_column is not null)
+      into shared, scoped
+      from pgrag.doc_types d where doc_types is null or d.name = any(doc_types);
+    if pgrag._sees_all_tenants() then
+        return case when shared and not scoped then 'c.tenant is null' else 'true' end;
+    end if;
+    tenant := pgrag.current_tenant();
+    if tenant is null or not coalesce(scoped, false) then
+        return 'c.tenant is null';
+    elsif not shared then
+        return format('c.tenant = %L', tenant);
+    end if;
+    return format('(c.tenant is null or c.tenant = %L)', tenant);
+end
+$$;
+
+comment on function pgrag._search_tenants(text[]) is
+    'A partitioned store: the tenants a search sees, as a condition the planner prunes on';
+
+
 create or replace function pgrag._filter_index_plan(filter jsonb,
                                                     out name text, out filter_json text,
                                                     out create_ddl text, out comment_ddl text)
@@ -562,6 +633,7 @@ declare
     efc integer;
     vs name;
 begin
+    perform pgrag._refuse_partitioned_store('a filter index');
     if filter is null or filter = '{}' then
         raise exception using errcode = 'PR006',
             message = 'a filter index needs a filter',
@@ -624,6 +696,7 @@ begin
                              '%s is not', owner, current_user),
             hint = format('connect as %s, the role that ran `pgrag db upgrade`', owner);
     end if;
+    perform pgrag._refuse_partitioned_store('`pgrag reindex`');
     perform pgrag._check_range('m', m, 2, 100);  -- pgvector's limits
     perform pgrag._check_range('ef_construction', ef_construction, 4, 1000);
     if ef_construction < 2 * m then

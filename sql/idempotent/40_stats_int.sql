@@ -641,3 +641,17 @@ $$;
 comment on function pgrag.stats_changed() is
     'Statement trigger: record that this transaction wrote a table some cached statistics read';
 
+
+
+-- A conversion of the chunk store (sql/migrate/store_shape.sql) makes a new pgrag.chunks: the
+-- statistics cache's trigger goes back on it when a cached type reads it.
+do $$
+begin
+    if exists (select from pgrag.doc_stats s where 'pgrag.chunks'::regclass = any(s.cache_deps))
+       and not exists (select from pg_trigger
+                        where tgrelid = 'pgrag.chunks'::regclass
+                          and tgname = 'pgrag_stats_changed') then
+        perform pgrag._sync_stats_triggers(array['pgrag.chunks'::regclass]);
+    end if;
+end
+$$;

@@ -1,0 +1,183 @@
+-- The chunk store's shape, when `pgrag db upgrade --tenant-partitions` (alembic: -x
+-- tenant_partitions=...) asks for one: run by pgrag/migrate.py at head, in the migration's
+-- transaction, before the idempotent files (which then make the functions, policies, grants and
+-- triggers of pgrag.chunks for the new table). docs/scaling.md, "Partitioned chunk stores".
+--
+--   (unset, '')  keep the store as it is
+--   none         one table (the default store)
+--   list         partitioned by list (tenant): a partition per tenant in the store, one for the
+--                shared chunks (tenant NULL), a default one for tenants that arrive later
+--                (run it again to give them their own)
+--   N (2-1024)   partitioned by hash (tenant) into N partitions
+--
+-- A conversion copies every chunk (ids, vectors and all) into a new table, builds the store's
+-- indexes on it (each partition its own HNSW graph, with the old index's parameters), drops the
+-- old table and takes its name, holding an ACCESS EXCLUSIVE lock on the store throughout: no
+-- search or render runs meanwhile, nothing is lost if it fails (one transaction).
+--
+-- What a partitioned table cannot have, and what stands in for it: PostgreSQL requires a
+-- partitioned table's unique constraints to contain the partition key, so the store's
+-- (doc_type, source_key) becomes (doc_type, source_key, tenant) (a document is still stored
+-- once: its render holds the document's lock, and an UPDATE moves a chunk whose tenant changed
+-- to its new partition; `pgrag verify` reports a document stored twice); the primary key on id
+-- becomes a plain index (ids come from one identity sequence); the foreign keys to id
+-- (chunks.parent_id, embed_errors.chunk_id, both ON DELETE CASCADE) become the statement
+-- trigger pgrag_chunks_cascade (10_documents_int.sql).
+do $shape$
+declare
+    want text := coalesce(current_setting('pgrag.tenant_partitions', true), '');
+    store constant regclass := to_regclass('pgrag.chunks');
+    old_oid oid;
+    parted boolean;
+    strategy "char";
+    parts integer;
+    settled boolean;
+    cols text;
+    defs text[];
+    def text;
+    next_id bigint;
+    owner_role regrole;
+    comment text;
+    r record;
+    i integer := 0;
+begin
+    if want = '' or store is null then
+        return;
+    end if;
+    if want !~ '^(none|list|[0-9]{1,4})$'
+       or (want ~ '^[0-9]+$' and want::integer not between 2 and 1024) then
+        raise exception using errcode = 'PR006',
+            message = format('tenant partitions %L is not none, list or a number from 2 to 1024',
+                             want),
+            hint = 'pass --tenant-partitions list (a partition per tenant), N (hash into N) or '
+                   'none (one table)';
+    end if;
+    old_oid := store;
+    select c.relkind = 'p', c.relowner::regrole into strict parted, owner_role
+      from pg_class c where c.oid = store;
+    select p.partstrat into strategy from pg_partitioned_table p where p.partrelid = store;
+    select count(*) into parts from pg_inherits h where h.inhparent = store;
+    -- Already in that shape: nothing to do (list: unless tenants wait in the default partition).
+    if (want = 'none' and not parted)
+       or (want ~ '^[0-9]+$' and strategy = 'h' and parts = want::integer) then
+        return;
+    end if;
+    if want = 'list' and strategy = 'l' then
+        execute 'select not exists (select from pgrag.chunks_default)' into settled;
+        if settled then
+            return;
+        end if;
+    end if;
+    if not pg_has_role(owner_role, 'USAGE') then
+        raise exception using errcode = 'PR006',
+            message = format('%I does not own pgrag.chunks (%s does): it cannot convert the store',
+                             current_user, owner_role),
+            hint = format('migrate as %s (or a member of it)', owner_role);
+    end if;
+    lock table pgrag.chunks, pgrag.embed_errors in access exclusive mode;
+    raise notice 'pgrag: converting the chunk store (% chunks) to tenant partitions: % (%)',
+        (select count(*) from pgrag.chunks), want, clock_timestamp()::time(0);
+
+    -- What the new table takes from the old: its columns (all but the generated ones are
+    -- copied), its indexes (not those of its constraints, made below for the new shape), the
+    -- next id, its comment.
+    select string_agg(quote_ident(a.attname), ', ' order by a.attnum) into strict cols
+      from pg_attribute a
+     where a.attrelid = store and a.attnum > 0 and not a.attisdropped and a.attgenerated = '';
+    select coalesce(array_agg(replace(pg_get_indexdef(x.indexrelid), ' ON ONLY ', ' ON ')
+                              order by x.indexrelid), '{}') into strict defs
+      from pg_index x join pg_class ic on ic.oid = x.indexrelid
+     where x.indrelid = store
+       and ic.relname <> 'chunks_id'
+       and not exists (select from pg_constraint k where k.conindid = x.indexrelid);
+    select greatest(coalesce(pg_sequence_last_value(pg_get_serial_sequence('pgrag.chunks', 'id')
+                                                    ::regclass), 0),
+                    coalesce((select max(c.id) from pgrag.chunks c), 0)) + 1
+      into strict next_id;
+    comment := obj_description(store, 'pg_class');
+
+    execute format('create table pgrag.chunks_converted (like pgrag.chunks including defaults '
+                   'including generated including identity including constraints '
+                   'including storage including compression including comments) %s',
+                   case want when 'none' then ''
+                             when 'list' then 'partition by list (tenant)'
+                             else 'partition by hash (tenant)' end);
+    execute format('alter table pgrag.chunks_converted alter column id restart with %s', next_id);
+    if want = 'list' then
+        create table pgrag.chunks_converted_shared partition of pgrag.chunks_converted
+            for values in (null);
+        comment on table pgrag.chunks_converted_shared is
+            'pgrag.chunks'' partition of the shared chunks (tenant NULL)';
+        for r in select distinct c.tenant from pgrag.chunks c
+                  where c.tenant is not null order by c.tenant loop
+            i := i + 1;
+            execute format('create table pgrag.%I partition of pgrag.chunks_converted '
+                           'for values in (%L)', 'chunks_converted_t' || i, r.tenant);
+            execute format('comment on table pgrag.%I is %L', 'chunks_converted_t' || i,
+                           format('pgrag.chunks'' partition of tenant %L', r.tenant));
+        end loop;
+        create table pgrag.chunks_converted_default partition of pgrag.chunks_converted default;
+        comment on table pgrag.chunks_converted_default is
+            'pgrag.chunks'' partition of the tenants that arrived after the last conversion '
+            '(`pgrag db upgrade --tenant-partitions list` gives each its own)';
+    elsif want <> 'none' then
+        for i in 0 .. want::integer - 1 loop
+            execute format('create table pgrag.%I partition of pgrag.chunks_converted '
+                           'for values with (modulus %s, remainder %s)',
+                           'chunks_converted_p' || i, want, i);
+            execute format('comment on table pgrag.%I is %L', 'chunks_converted_p' || i,
+                           format('pgrag.chunks'' partition %s of %s (hash of the tenant)',
+                                  i, want));
+        end loop;
+    end if;
+
+    raise notice 'pgrag: copying the chunks (%)', clock_timestamp()::time(0);
+    execute format('insert into pgrag.chunks_converted (%s) overriding system value '
+                   'select %s from pgrag.chunks', cols, cols);
+
+    -- The old table goes, and with it what depends on it: its policies and triggers, the
+    -- foreign key of pgrag.embed_errors, the SQL-bodied functions that read it (the idempotent
+    -- files, applied next, make them all again for the new table).
+    drop table pgrag.chunks cascade;
+    alter table pgrag.chunks_converted rename to chunks;
+    alter sequence pgrag.chunks_converted_id_seq rename to chunks_id_seq;
+    for r in select c.oid::regclass as rel, c.relname from pg_inherits h
+               join pg_class c on c.oid = h.inhrelid
+              where h.inhparent = 'pgrag.chunks'::regclass loop
+        execute format('alter table %s rename to %I', r.rel,
+                       'chunks_' || substr(r.relname, length('chunks_converted_') + 1));
+        execute format('alter table %s owner to %s', r.rel, owner_role);
+    end loop;
+    execute format('alter table pgrag.chunks owner to %s', owner_role);
+    execute format('comment on table pgrag.chunks is %L', comment);
+
+    if want = 'none' then
+        alter table pgrag.chunks add constraint chunks_pkey primary key (id);
+        alter table pgrag.chunks add constraint chunks_doc_type_source_key_key
+            unique (doc_type, source_key);
+        alter table pgrag.chunks add constraint chunks_parent_id_fkey
+            foreign key (parent_id) references pgrag.chunks (id) on delete cascade;
+        delete from pgrag.embed_errors e
+         where not exists (select from pgrag.chunks c where c.id = e.chunk_id);
+        alter table pgrag.embed_errors add constraint embed_errors_chunk_id_fkey
+            foreign key (chunk_id) references pgrag.chunks (id) on delete cascade;
+    else
+        create index chunks_id on pgrag.chunks (id);
+        alter table pgrag.chunks add constraint chunks_doc_type_source_key_tenant_key
+            unique nulls not distinct (doc_type, source_key, tenant);
+    end if;
+    foreach def in array defs loop
+        raise notice 'pgrag: % (%)', def, clock_timestamp()::time(0);
+        execute def;
+    end loop;
+    alter table pgrag.chunks enable row level security;
+
+    -- The statistics cache names the tables a cached type reads by oid.
+    update pgrag.doc_stats s set cache_deps = array_replace(s.cache_deps, old_oid::regclass,
+                                                            'pgrag.chunks'::regclass)
+     where old_oid::regclass = any(s.cache_deps);
+    delete from pgrag.stats_changes where relid = old_oid;
+    delete from pgrag.stats_cache;
+    analyze pgrag.chunks;
+end
+$shape$;

@@ -1,0 +1,286 @@
+"""The chunk store partitioned by tenant (``pgrag db upgrade --tenant-partitions``,
+sql/migrate/store_shape.sql, docs/scaling.md): conversions both ways, a tenant's search reading
+its own partition, the global search merging every partition's top k, the writes (a tenant that
+changes moves the chunk, a deleted parent takes its children), ``pgrag verify`` and the refusals.
+
+The CRM of tests/test_security.py (three tenants, accounts without a tenant value, shared FAQ
+chunks), its store converted after it was written and embedded; the tenant-isolation property
+of test_security runs here again on the partitioned store (imported below).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import psycopg
+import pytest
+from pgvector.psycopg import register_vector
+
+from pgrag import migrate
+from pgrag.cli.main import cli
+from pgrag.errors import ConfigError
+
+from . import search_plan
+from .conftest import TestServer
+from .test_security import (  # noqa: F401  (the property runs on this module's crm)
+    READER,
+    TENANTS,
+    WRITER,
+    Crm,
+    as_role,
+    clients,
+    make_crm,
+    test_no_query_filter_or_k_returns_another_tenants_row,
+)
+
+
+@pytest.fixture(scope="module")
+def crm(pg_server: TestServer, template_db: str) -> Iterator[Crm]:
+    yield from make_crm(pg_server, template_db, tenant_partitions="list")
+
+
+def _partitions(conn: psycopg.Connection[Any]) -> dict[str, str]:
+    """Each partition of pgrag.chunks and its bound."""
+    return {
+        str(r[0]): str(r[1])
+        for r in conn.execute(
+            "select c.relname, pg_get_expr(c.relpartbound, c.oid) from pg_inherits h "
+            "join pg_class c on c.oid = h.inhrelid "
+            "where h.inhparent = 'pgrag.chunks'::regclass order by 1"
+        )
+    }
+
+
+def _where(conn: psycopg.Connection[Any]) -> dict[str, set[str | None]]:
+    """The tenants each partition holds."""
+    found: dict[str, set[str | None]] = {}
+    for part, tenant in conn.execute(
+        "select tableoid::regclass::text, tenant from pgrag.chunks group by 1, 2"
+    ):
+        found.setdefault(part, set()).add(tenant)
+    return found
+
+
+def test_a_partition_per_tenant_one_for_shared_chunks_and_a_default(crm: Crm) -> None:
+    with psycopg.connect(crm.url) as conn:
+        parts = _partitions(conn)
+        held = _where(conn)
+        shape = conn.execute("select store from pgrag.status()").fetchone()
+    # acme, globex, initech, '' (accounts without a tenant value), the shared ones, the default
+    assert len(parts) == 6 and parts["chunks_shared"] == "FOR VALUES IN (NULL)"
+    assert parts["chunks_default"] == "DEFAULT"
+    assert held["pgrag.chunks_shared"] == {None}
+    assert all(len(t) == 1 for t in held.values())  # one tenant per partition
+    assert {next(iter(t)) for t in held.values()} == {*TENANTS, "", None}
+    assert shape == ({"by": "tenant", "strategy": "list", "partitions": 6, "default_rows": 0},)
+    # nothing was lost: every chunk kept its id and its vector
+    assert len(crm.tenant_of) == 40 + 80 + 2 and all(v is not None for v in crm.vectors.values())
+
+
+def test_the_converted_store_is_in_sync(crm: Crm) -> None:
+    with psycopg.connect(crm.url) as conn:
+        assert conn.execute("select * from pgrag.verify()").fetchall() == []
+
+
+def _explain(url: str, tenant: str | None, doc_types: list[str] | None) -> str:
+    with psycopg.connect(as_role(url, READER)) as conn:
+        register_vector(conn)
+        if tenant is not None:
+            conn.execute("select set_config('pgrag.tenant', %s, false)", (tenant,))
+        q = np.ones(384, dtype=np.float32)
+        cur = conn.execute(
+            "select * from pgrag._search_plan('vector', null, %s::real[]::vector, null, 10, "
+            "null, %s, null, null, null, null, null, null)",
+            (q.tolist(), doc_types),
+        )
+        row = cur.fetchone()
+        assert row is not None and cur.description is not None
+        plan = dict(zip([c.name for c in cur.description], row, strict=True))
+        lines = search_plan.run_plan(conn, q, plan, explain=True, analyze=False)
+        return "\n".join(str(r[0]) for r in lines)
+
+
+def test_a_tenants_search_reads_its_own_partition(crm: Crm) -> None:
+    """Partition pruning, in the plan: acme's search of its tickets reads acme's partition and
+    no other; with the shared FAQ among the types, the shared partition too; a session of no
+    tenant, the shared one only."""
+    with psycopg.connect(crm.url) as conn:
+        parts = {
+            str(r[1]) or "''": str(r[0])
+            for r in conn.execute(
+                "select distinct tableoid::regclass::text, coalesce(tenant, 'shared') "
+                "from pgrag.chunks"
+            )
+        }
+    acme = parts["acme"].removeprefix("pgrag.")
+    tickets = _explain(crm.url, "acme", ["crm_ticket"])
+    assert _mentioned(tickets) == {acme}
+    both = _explain(crm.url, "acme", ["crm_ticket", "crm_faq"])
+    assert _mentioned(both) == {acme, "chunks_shared"}
+    assert _mentioned(_explain(crm.url, None, None)) == {"chunks_shared"}
+
+
+def _mentioned(plan: str) -> set[str]:
+    """The partitions the plan reads the searched chunks from (alias c; the parents' join, p,
+    may find a parent in any partition)."""
+    return set(re.findall(r"Scan (?:using \S+ )?on (chunks_\w+) c(?:_\d+)?$", plan, re.M))
+
+
+def test_a_search_over_every_tenant_merges_the_partitions_top_k(crm: Crm) -> None:
+    """The writer sees every tenant: its vector search is the exact top k over all chunks."""
+    ids = np.array(sorted(crm.vectors))
+    mat = np.stack([crm.vectors[i] for i in ids])
+    mat = mat / np.linalg.norm(mat, axis=1, keepdims=True)
+    rng = np.random.default_rng(3)
+    with psycopg.connect(as_role(crm.url, WRITER)) as conn:
+        register_vector(conn)
+        for _ in range(10):
+            q = mat[rng.integers(len(ids))] + rng.normal(0, 0.05, mat.shape[1])
+            truth = ids[np.argsort(-(mat @ (q / np.linalg.norm(q))))[:10]]
+            got = [
+                r[0]
+                for r in conn.execute(
+                    "select id from pgrag.vector_search(%s::real[]::vector, 10)",
+                    (q.astype(np.float32).tolist(),),
+                )
+            ]
+            assert got == truth.tolist()
+
+
+def test_writes_move_chunks_between_partitions_and_deletes_cascade(
+    pg_server: TestServer, template_db: str
+) -> None:
+    """A render of a tenant that changed moves its chunk to the new tenant's partition; a new
+    tenant lands in the default partition until the next conversion gives it its own; deleting
+    a parent chunk takes its children and their embedder errors (the foreign keys' cascade, done
+    by the trigger pgrag_chunks_cascade)."""
+    made = make_crm(pg_server, template_db, tenant_partitions="list")
+    crm = next(made)
+    try:
+        with psycopg.connect(as_role(crm.url, WRITER), autocommit=True) as conn:
+            conn.execute("update crm.tickets set tenant_id = 'globex' where ticket_id = 10")
+            conn.execute("update crm.accounts set tenant_id = 'umbrella' where account_id = 2")
+            conn.execute("update crm.tickets set tenant_id = 'umbrella' where account_id = 2")
+            rows: dict[str, str] = dict(
+                conn.execute(
+                    "select source_key, tableoid::regclass::text from pgrag.chunks "
+                    "where doc_type = 'crm_ticket' and source_key in ('10', '20', '21')"
+                ).fetchall()
+            )
+            globex = conn.execute(
+                "select distinct tableoid::regclass::text from pgrag.chunks "
+                "where tenant = 'globex' and source_key <> '10'"
+            ).fetchone()
+            assert globex is not None and rows["10"] == globex[0]
+            assert rows["20"] == rows["21"] == "pgrag.chunks_default"
+            status = conn.execute("select store from pgrag.status()").fetchone()
+            assert status is not None and status[0]["default_rows"] == 3
+            assert conn.execute("select * from pgrag.verify()").fetchall() == []
+        # the next conversion gives umbrella its own partition
+        migrate.upgrade(crm.url, tenant_partitions="list")
+        with psycopg.connect(as_role(crm.url, WRITER), autocommit=True) as conn:
+            held = _where(conn)
+            assert ("pgrag.chunks_default" not in held) and {"umbrella"} in held.values()
+            parent = conn.execute(
+                "select id from pgrag.chunks where doc_type = 'crm_account' and source_key = '3'"
+            ).fetchone()
+            assert parent is not None
+            children = [
+                r[0]
+                for r in conn.execute(
+                    "select id from pgrag.chunks where parent_id = %s", (parent[0],)
+                )
+            ]
+            assert len(children) == 2
+            conn.execute(
+                "insert into pgrag.embed_errors (chunk_id, model, content_hash, attempts, error, "
+                "retry_at) select id, 'm', content_hash, 1, 'x', now() from pgrag.chunks "
+                "where id = %s",
+                (children[0],),
+            )
+            conn.execute("delete from pgrag.chunks where id = %s", (parent[0],))
+            left = conn.execute(
+                "select (select count(*) from pgrag.chunks where id = any(%s)), "
+                "(select count(*) from pgrag.embed_errors)",
+                (children,),
+            ).fetchone()
+            assert left == (0, 0)
+    finally:
+        made.close()
+
+
+def test_verify_reports_a_document_stored_under_two_tenants(crm: Crm) -> None:
+    with psycopg.connect(crm.url) as conn:  # (rolled back)
+        conn.execute(
+            "insert into pgrag.chunks (doc_type, source_key, text, tenant) "
+            "select doc_type, source_key, text, 'globex' from pgrag.chunks "
+            "where doc_type = 'crm_account' and tenant = 'acme' order by id limit 1"
+        )
+        found = conn.execute("select * from pgrag.verify('crm_account')").fetchall()
+        conn.rollback()
+    stored_twice = [f for f in found if f[2].startswith("stored 2 times")]
+    assert len(stored_twice) == 1 and "'acme'" in stored_twice[0][2]
+    assert "'globex'" in stored_twice[0][2]
+
+
+def test_back_to_one_table_and_to_hash_partitions(pg_server: TestServer, template_db: str) -> None:
+    made = make_crm(pg_server, template_db, tenant_partitions="4")
+    crm = next(made)
+    try:
+        with psycopg.connect(crm.url) as conn:
+            assert len(_partitions(conn)) == 4
+            assert conn.execute("select * from pgrag.verify()").fetchall() == []
+            before = conn.execute(
+                "select id, text, tenant from pgrag.chunks order by id"
+            ).fetchall()
+        migrate.upgrade(crm.url, tenant_partitions="none")
+        with psycopg.connect(crm.url, autocommit=True) as conn:
+            assert conn.execute("select store from pgrag.status()").fetchone() == (None,)
+            constraints = {
+                r[0]
+                for r in conn.execute(
+                    "select conname from pg_constraint where conrelid = 'pgrag.chunks'::regclass "
+                    "or confrelid = 'pgrag.chunks'::regclass"
+                )
+            }
+            assert {
+                "chunks_pkey",
+                "chunks_doc_type_source_key_key",
+                "chunks_parent_id_fkey",
+                "embed_errors_chunk_id_fkey",
+            } <= constraints
+            after = conn.execute("select id, text, tenant from pgrag.chunks order by id").fetchall()
+            assert after == before
+            assert conn.execute("select * from pgrag.verify()").fetchall() == []
+            # new chunks take ids after the old ones
+            conn.execute("insert into crm.faq values (3, 'Q?', 'A.')")
+            new = conn.execute("select max(id) from pgrag.chunks").fetchone()
+            assert new is not None and new[0] > before[-1][0]
+        # a downgrade knows the one-table store only: from here it may run
+        migrate.upgrade(crm.url, tenant_partitions="list")
+        with pytest.raises(ConfigError, match="--tenant-partitions none"):
+            migrate.downgrade(crm.url, "0009")
+    finally:
+        made.close()
+
+
+def test_what_builds_concurrently_is_refused_on_a_partitioned_store(crm: Crm) -> None:
+    from click.testing import CliRunner
+
+    runner = CliRunner()
+    for args in (["reindex"], ["filter-index", "add", json.dumps({"status": "open"})]):
+        got = runner.invoke(cli, ["--database-url", crm.url, *args])
+        assert got.exit_code == 2, got.output
+        assert "partitioned by tenant" in got.output and "Traceback" not in got.output
+
+
+def test_bad_shapes_are_refused_before_anything_runs(crm: Crm) -> None:
+    for bad in ("0", "1", "2000", "hash", "-3"):
+        with pytest.raises(ConfigError, match="not none, list or a number"):
+            migrate.upgrade(crm.url, tenant_partitions=bad)
+    with pytest.raises(ConfigError, match="applies at head"):
+        migrate.upgrade(crm.url, "0009", tenant_partitions="list")
