@@ -44,6 +44,7 @@ import psycopg
 from pgvector.psycopg import register_vector
 from psycopg import sql
 
+from pgrag.cli.main import store_line
 from pgrag.connection import resolve_url
 from pgrag.lab import synthetic
 from pgrag.server import with_database
@@ -201,7 +202,7 @@ def pgrag_stores(one: str, parted: str, n_queries: int) -> None:
         f"`python bench/partition_bench.py --pgrag-stores ONE PARTED --queries {n_queries}`: "
         f"pgrag.vector_search, k = {K}, {os.cpu_count()} cores, load average "
         f"{load_before[0]:.2f} before and {load_after[0]:.2f} after; stores: "
-        + "; ".join(f"{k}: {v or 'one table'}" for k, v in shapes.items())
+        + "; ".join(f"{k}: {store_line(v)}" for k, v in shapes.items())
         + ".\n"
     )
     print("| search | store | ef_search | recall | p50 ms | p95 ms |")
