@@ -175,7 +175,7 @@ def role_name(kind: str, explicit: str | None = None) -> str | None:
 
 #: The largest number of hash partitions ``--tenant-partitions N`` makes
 #: (sql/migrate/store_shape.sql checks the same bound).
-MAX_TENANT_PARTITIONS = 1024
+MAX_TENANT_PARTITIONS = 256
 
 
 def tenant_partitions(value: str | None) -> str | None:

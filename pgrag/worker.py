@@ -352,15 +352,26 @@ class Worker:
         ready = [c for c in claimed if c.content_hash in outcome.vectors]
         written: set[int] = set()
         if ready:
-            rows = self._execute(
-                "select * from pgrag.store_embeddings(%s, %s::bigint[], %s::bytea[], %s::vector[])",
-                (
-                    self.embedder.name,
-                    [c.chunk_id for c in ready],
-                    [c.content_hash for c in ready],
-                    [outcome.vectors[c.content_hash] for c in ready],
-                ),
-            ).fetchall()
+            args = (
+                self.embedder.name,
+                [c.chunk_id for c in ready],
+                [c.content_hash for c in ready],
+                [outcome.vectors[c.content_hash] for c in ready],
+            )
+            for attempt in range(1, STORE_ATTEMPTS + 1):
+                try:
+                    rows = self._execute(
+                        "select * from pgrag.store_embeddings("
+                        "%s, %s::bigint[], %s::bytea[], %s::vector[])",
+                        args,
+                    ).fetchall()
+                    break
+                except psycopg.errors.TransactionRollback:
+                    # a serialization failure (on a store partitioned by tenant, a render
+                    # moved one of these chunks to another partition meanwhile) or a
+                    # deadlock: nothing was written; the next statement sees the move
+                    if attempt == STORE_ATTEMPTS:
+                        raise
             written = {int(r[0]) for r in rows}
         failures = tuple(
             ChunkFailure(
@@ -563,6 +574,10 @@ class Reconnect:
     delay_s: float
     error: BaseException | None
 
+
+# How many times a batch's vectors are written when the server rolls the write back to settle a
+# conflict (pgrag.store_embeddings; then the batch fails as after a lost connection).
+STORE_ATTEMPTS = 3
 
 # SQLSTATE classes and codes of a connection that is gone or a server not (yet) serving:
 # connection exceptions, the server shutting down or starting, a terminated backend; and of a

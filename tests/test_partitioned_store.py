@@ -22,7 +22,7 @@ from pgvector.psycopg import register_vector
 
 from pgrag import migrate
 from pgrag.cli.main import cli
-from pgrag.errors import ConfigError
+from pgrag.errors import ConfigError, PgragError
 
 from . import search_plan
 from .conftest import TestServer
@@ -177,9 +177,10 @@ def test_writes_move_chunks_between_partitions_and_deletes_cascade(
             ).fetchone()
             assert globex is not None and rows["10"] == globex[0]
             assert rows["20"] == rows["21"] == "pgrag.chunks_default"
+            assert conn.execute("select * from pgrag.verify()").fetchall() == []
+        with psycopg.connect(crm.url) as conn:  # the owner counts the default partition
             status = conn.execute("select store from pgrag.status()").fetchone()
             assert status is not None and status[0]["default_rows"] == 3
-            assert conn.execute("select * from pgrag.verify()").fetchall() == []
         # the next conversion gives umbrella its own partition
         migrate.upgrade(crm.url, tenant_partitions="list")
         with psycopg.connect(as_role(crm.url, WRITER), autocommit=True) as conn:
@@ -284,3 +285,90 @@ def test_bad_shapes_are_refused_before_anything_runs(crm: Crm) -> None:
             migrate.upgrade(crm.url, tenant_partitions=bad)
     with pytest.raises(ConfigError, match="applies at head"):
         migrate.upgrade(crm.url, "0009", tenant_partitions="list")
+
+
+def test_new_documents_are_rendered_into_their_tenants_partition(
+    pg_server: TestServer, template_db: str
+) -> None:
+    """New rows of a tenant-scoped type and of a shared one become chunks (the render's insert
+    path, not only its update); a type dropped, declared again and refreshed renders all its
+    documents."""
+    made = make_crm(pg_server, template_db, tenant_partitions="list")
+    crm = next(made)
+    try:
+        with psycopg.connect(as_role(crm.url, WRITER), autocommit=True) as conn:
+            conn.execute(
+                "insert into crm.tickets values (9001, 1, 'globex', 'open', 'brand new issue')"
+            )
+            conn.execute("insert into crm.faq values (77, 'A new question?', 'An answer.')")
+            got: dict[str, str] = dict(
+                conn.execute(
+                    "select source_key, tableoid::regclass::text from pgrag.chunks "
+                    "where source_key in ('9001', '77')"
+                ).fetchall()
+            )
+            globex = conn.execute(
+                "select distinct tableoid::regclass::text from pgrag.chunks "
+                "where tenant = 'globex' and source_key <> '9001'"
+            ).fetchone()
+            assert globex is not None and got == {"9001": globex[0], "77": "pgrag.chunks_shared"}
+            assert conn.execute("select count(*) from pgrag.render_errors").fetchone() == (0,)
+        with psycopg.connect(crm.url, autocommit=True) as conn:  # (the tables' owner)
+            conn.execute("select pgrag.drop_document('crm_faq')")
+            conn.execute(
+                "select pgrag.declare_document('crm_faq', $$select f.faq_id as source_key, "
+                "f.question || E'\\n' || f.answer as text, jsonb_build_object('faq_id', f.faq_id) "
+                'as metadata from crm.faq f$$, \'{"crm.faq": "select faq_id from changed"}\', '
+                'metadata_schema => \'{"faq_id": "integer"}\')'
+            )
+            conn.execute("select pgrag.refresh('crm_faq')")
+            n = conn.execute(
+                "select count(*) from pgrag.chunks where doc_type = 'crm_faq'"
+            ).fetchone()
+            assert n == (3,)
+            assert conn.execute("select * from pgrag.verify()").fetchall() == []
+    finally:
+        made.close()
+
+
+def test_a_conversion_refuses_what_it_would_destroy_and_keeps_what_it_can(
+    pg_server: TestServer, template_db: str
+) -> None:
+    """Another role's view of the chunks stops the conversion, named, and nothing changes; a
+    grant, FORCE ROW LEVEL SECURITY, a storage option and a filter index with its filter come
+    through it; the cached statistics can still be cached on the partitioned store."""
+    made = make_crm(pg_server, template_db)
+    crm = next(made)
+    try:
+        with psycopg.connect(crm.url, autocommit=True) as conn:
+            conn.execute("create view public.chunk_count as select count(*) from pgrag.chunks")
+        with pytest.raises(PgragError, match="would drop what depends on it: .*view chunk_count"):
+            migrate.upgrade(crm.url, tenant_partitions="list")
+        with psycopg.connect(crm.url, autocommit=True) as conn:
+            assert conn.execute("select pgrag._store_shape()").fetchone() == (None,)
+            conn.execute("drop view public.chunk_count")
+            conn.execute("grant select on pgrag.chunks to pg_monitor")
+            conn.execute("alter table pgrag.chunks force row level security")
+            conn.execute("alter table pgrag.chunks set (autovacuum_vacuum_scale_factor = 0.05)")
+        from pgrag import filter_index
+
+        filter_index.add(crm.url, {"status": "open"})
+        with psycopg.connect(crm.url, autocommit=True) as conn:
+            keys_before = conn.execute("select pgrag._filter_index_keys()").fetchone()
+        migrate.upgrade(crm.url, tenant_partitions="list")
+        with psycopg.connect(crm.url, autocommit=True) as conn:
+            assert conn.execute(
+                "select has_table_privilege('pg_monitor', 'pgrag.chunks', 'select')"
+            ).fetchone() == (True,)
+            assert conn.execute(
+                "select relforcerowsecurity from pg_class where oid = 'pgrag.chunks'::regclass"
+            ).fetchone() == (True,)
+            options = conn.execute(
+                "select reloptions from pg_class where oid = 'pgrag.chunks_shared'::regclass"
+            ).fetchone()
+            assert options == (["autovacuum_vacuum_scale_factor=0.05"],)
+            assert conn.execute("select pgrag._filter_index_keys()").fetchone() == keys_before
+            assert keys_before is not None and keys_before[0] == ["status"]
+            conn.execute("select pgrag.cache_stats('crm_account')")
+    finally:
+        made.close()

@@ -470,7 +470,10 @@ begin
                       is distinct from (excluded.text, excluded.metadata, excluded.parent_key,
                                         excluded.parent_id, excluded.tenant,
                                         excluded.truncated_from)
-                returning c.source_key, c.embedding is null as pending, c.xmax = '0' as inserted
+                -- (inserted: also a chunk another transaction inserted meanwhile, which the
+                -- conflict updated: its children are linked again, which changes nothing.
+                -- Not xmax = 0: a partitioned store returns no system column.)
+                returning c.source_key, c.embedding is null as pending, true as inserted
             ),
             up as (select * from upd union all select * from ins)
             %%s

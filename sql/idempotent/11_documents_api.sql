@@ -508,8 +508,9 @@ begin
                                          from pgrag.doc_types d), 'none')),
             hint = '`pgrag documents list` shows the declared types';
     end if;
-    -- A partitioned store's unique key holds the tenant (sql/migrate/store_shape.sql): a
-    -- document stored under two tenants is one it does not prevent.
+    -- A partitioned store's unique key holds the tenant, and its ids have no unique index
+    -- (sql/migrate/store_shape.sql): a document stored under two tenants, or two chunks of
+    -- one id, are what it does not prevent.
     if pgrag._store_partitioned() then
         return query
             select c.doc_type, c.source_key,
@@ -519,6 +520,12 @@ begin
               from pgrag.chunks c
              where only_type is null or c.doc_type = only_type
              group by c.doc_type, c.source_key having count(*) > 1
+             order by 1, 2;
+        return query
+            select c.doc_type, c.source_key, format('id %s is held by another chunk too', c.id)
+              from pgrag.chunks c
+             where (only_type is null or c.doc_type = only_type)
+               and c.id in (select d.id from pgrag.chunks d group by d.id having count(*) > 1)
              order by 1, 2;
     end if;
     for t in select * from pgrag.doc_types d

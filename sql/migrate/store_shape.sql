@@ -8,7 +8,7 @@
 --   list         partitioned by list (tenant): a partition per tenant in the store, one for the
 --                shared chunks (tenant NULL), a default one for tenants that arrive later
 --                (run it again to give them their own)
---   N (2-1024)   partitioned by hash (tenant) into N partitions
+--   N (2-256)    partitioned by hash (tenant) into N partitions
 --
 -- A conversion copies every chunk (ids, vectors and all) into a new table, builds the store's
 -- indexes on it (each partition its own HNSW graph, with the old index's parameters), drops the
@@ -34,7 +34,13 @@ declare
     settled boolean;
     cols text;
     defs text[];
-    def text;
+    notes text[];
+    foreign_deps text;
+    acl aclitem[];
+    options text[];
+    forced boolean;
+    identity "char";
+    targets jsonb;
     next_id bigint;
     owner_role regrole;
     comment text;
@@ -45,9 +51,9 @@ begin
         return;
     end if;
     if want !~ '^(none|list|[0-9]{1,4})$'
-       or (want ~ '^[0-9]+$' and want::integer not between 2 and 1024) then
+       or (want ~ '^[0-9]+$' and want::integer not between 2 and 256) then
         raise exception using errcode = 'PR006',
-            message = format('tenant partitions %L is not none, list or a number from 2 to 1024',
+            message = format('tenant partitions %L is not none, list or a number from 2 to 256',
                              want),
             hint = 'pass --tenant-partitions list (a partition per tenant), N (hash into N) or '
                    'none (one table)';
@@ -75,6 +81,65 @@ begin
             hint = format('migrate as %s (or a member of it)', owner_role);
     end if;
     lock table pgrag.chunks, pgrag.embed_errors in access exclusive mode;
+    if want = 'list' and (select count(distinct c.tenant) from pgrag.chunks c) > 254 then
+        raise exception using errcode = 'PR006',
+            message = format('the store holds %s tenants: a partition each would be more than '
+                             '256 partitions', (select count(distinct c.tenant) from pgrag.chunks c)),
+            hint = 'partition by hash instead: --tenant-partitions 64 (every search over all '
+                   'tenants locks each partition and its indexes: docs/scaling.md)';
+    end if;
+
+    -- What the drop of the old table would take with it and the copy would not make again:
+    -- another role's views, functions, foreign keys, triggers, policies, publications,
+    -- constraints, column grants. Refused, each named: converting would destroy them.
+    select string_agg(what, '; ' order by what) into foreign_deps from (
+        select pg_describe_object(d.classid, d.objid, d.objsubid) as what
+          from pg_depend d
+         where d.refclassid = 'pg_class'::regclass and d.refobjid = store
+           and d.deptype in ('n', 'a')
+           and d.classid not in ('pg_class'::regclass,      -- indexes, partitions: made again
+                                 'pg_attrdef'::regclass)    -- defaults: copied
+           and not (d.classid = 'pg_proc'::regclass          -- pgrag's own: made again
+                    and exists (select from pg_proc p where p.oid = d.objid
+                                 and p.pronamespace = 'pgrag'::regnamespace))
+           and not (d.classid = 'pg_policy'::regclass
+                    and exists (select from pg_policy p where p.oid = d.objid
+                                 and p.polname in ('chunks_read', 'chunks_write')))
+           and not (d.classid = 'pg_trigger'::regclass
+                    and exists (select from pg_trigger t where t.oid = d.objid
+                                 and (t.tgisinternal or t.tgname in ('pgrag_stats_changed',
+                                                                      'pgrag_chunks_cascade'))))
+           and not (d.classid = 'pg_constraint'::regclass
+                    and exists (select from pg_constraint k where k.oid = d.objid
+                                 and (k.contype in ('c', 'n')  -- checks: copied
+                                      or k.conname in ('chunks_pkey',
+                                                       'chunks_doc_type_source_key_key',
+                                                       'chunks_doc_type_source_key_tenant_key',
+                                                       'chunks_parent_id_fkey',
+                                                       'embed_errors_chunk_id_fkey'))))
+        union all
+        select format('a grant on column %I', a.attname)
+          from pg_attribute a where a.attrelid = store and a.attacl is not null
+        union all
+        select 'replica identity using an index'
+          from pg_class c where c.oid = store and c.relreplident = 'i'
+    ) x;
+    if foreign_deps is not null then
+        raise exception using errcode = 'PR006',
+            message = format('converting pgrag.chunks would drop what depends on it: %s',
+                             foreign_deps),
+            hint = 'drop them first (and make them again after the conversion), or keep the '
+                   'store as it is';
+    end if;
+    -- What the new table carries over: grants, row-level security FORCE, storage options,
+    -- statistics targets, replica identity.
+    select c.relacl, c.reloptions, c.relforcerowsecurity, c.relreplident
+      into strict acl, options, forced, identity
+      from pg_class c where c.oid = store;
+    select jsonb_object_agg(a.attname, a.attstattarget) into targets
+      from pg_attribute a
+     where a.attrelid = store and a.attnum > 0 and not a.attisdropped
+       and a.attstattarget is not null and a.attstattarget >= 0;
     raise notice 'pgrag: converting the chunk store (% chunks) to tenant partitions: % (%)',
         (select count(*) from pgrag.chunks), want, clock_timestamp()::time(0);
 
@@ -84,16 +149,23 @@ begin
     select string_agg(quote_ident(a.attname), ', ' order by a.attnum) into strict cols
       from pg_attribute a
      where a.attrelid = store and a.attnum > 0 and not a.attisdropped and a.attgenerated = '';
+    -- (a filter index's comment is its filter: searches find it by it; an invalid index, a
+    -- build that died, is left behind)
     select coalesce(array_agg(replace(pg_get_indexdef(x.indexrelid), ' ON ONLY ', ' ON ')
-                              order by x.indexrelid), '{}') into strict defs
+                              order by x.indexrelid), '{}'),
+           coalesce(array_agg(format('comment on index pgrag.%I is %L', ic.relname,
+                                     obj_description(x.indexrelid, 'pg_class'))
+                              order by x.indexrelid), '{}')
+      into strict defs, notes
       from pg_index x join pg_class ic on ic.oid = x.indexrelid
-     where x.indrelid = store
+     where x.indrelid = store and x.indisvalid
        and ic.relname <> 'chunks_id'
        and not exists (select from pg_constraint k where k.conindid = x.indexrelid);
-    select greatest(coalesce(pg_sequence_last_value(pg_get_serial_sequence('pgrag.chunks', 'id')
-                                                    ::regclass), 0),
-                    coalesce((select max(c.id) from pgrag.chunks c), 0)) + 1
-      into strict next_id;
+    -- (the sequence's own state: pg_sequence_last_value is NULL until it is used after a
+    -- restart)
+    execute format('select case when s.is_called then s.last_value + 1 else s.last_value end '
+                   'from %s s', pg_get_serial_sequence('pgrag.chunks', 'id')) into next_id;
+    next_id := greatest(next_id, coalesce((select max(c.id) from pgrag.chunks c), 0) + 1);
     comment := obj_description(store, 'pg_class');
 
     execute format('create table pgrag.chunks_converted (like pgrag.chunks including defaults '
@@ -114,7 +186,7 @@ begin
             execute format('create table pgrag.%I partition of pgrag.chunks_converted '
                            'for values in (%L)', 'chunks_converted_t' || i, r.tenant);
             execute format('comment on table pgrag.%I is %L', 'chunks_converted_t' || i,
-                           format('pgrag.chunks'' partition of tenant %L', r.tenant));
+                           'pgrag.chunks'' partition of one tenant');
         end loop;
         create table pgrag.chunks_converted_default partition of pgrag.chunks_converted default;
         comment on table pgrag.chunks_converted_default is
@@ -152,6 +224,11 @@ begin
     execute format('comment on table pgrag.chunks is %L', comment);
 
     if want = 'none' then
+        -- (a partitioned store's parent_id is kept by a trigger, not a foreign key: a parent
+        -- deleted while a render linked a child to it leaves the link dangling)
+        update pgrag.chunks c set parent_id = null
+         where c.parent_id is not null
+           and not exists (select from pgrag.chunks p where p.id = c.parent_id);
         alter table pgrag.chunks add constraint chunks_pkey primary key (id);
         alter table pgrag.chunks add constraint chunks_doc_type_source_key_key
             unique (doc_type, source_key);
@@ -166,11 +243,38 @@ begin
         alter table pgrag.chunks add constraint chunks_doc_type_source_key_tenant_key
             unique nulls not distinct (doc_type, source_key, tenant);
     end if;
-    foreach def in array defs loop
-        raise notice 'pgrag: % (%)', def, clock_timestamp()::time(0);
-        execute def;
+    for i in 1 .. cardinality(defs) loop
+        raise notice 'pgrag: % (%)', defs[i], clock_timestamp()::time(0);
+        execute defs[i];
+        execute notes[i];
     end loop;
     alter table pgrag.chunks enable row level security;
+    if forced then
+        alter table pgrag.chunks force row level security;
+    end if;
+    for r in select g.privilege_type, g.grantee, g.is_grantable
+               from aclexplode(acl) g where g.grantee <> owner_role loop
+        execute format('grant %s on pgrag.chunks to %s%s', r.privilege_type,
+                       case r.grantee when 0 then 'public' else r.grantee::regrole::text end,
+                       case when r.is_grantable then ' with grant option' else '' end);
+    end loop;
+    if identity in ('f', 'n') then
+        execute format('alter table pgrag.chunks replica identity %s',
+                       case identity when 'f' then 'full' else 'nothing' end);
+    end if;
+    for r in select key, value::integer as target from jsonb_each_text(targets) loop
+        execute format('alter table pgrag.chunks alter column %I set statistics %s',
+                       r.key, r.target);
+    end loop;
+    if options is not null then  -- (a partitioned table takes none: its partitions do)
+        for r in select c.oid::regclass as rel from pg_class c
+                  where c.oid = 'pgrag.chunks'::regclass and c.relkind = 'r'
+                 union all
+                 select h.inhrelid::regclass from pg_inherits h
+                  where h.inhparent = 'pgrag.chunks'::regclass loop
+            execute format('alter table %s set (%s)', r.rel, array_to_string(options, ', '));
+        end loop;
+    end if;
 
     -- The statistics cache names the tables a cached type reads by oid.
     update pgrag.doc_stats s set cache_deps = array_replace(s.cache_deps, old_oid::regclass,
