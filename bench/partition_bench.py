@@ -205,14 +205,23 @@ def pgrag_stores(one: str, parted: str, n_queries: int) -> None:
         + "; ".join(f"{k}: {store_line(v)}" for k, v in shapes.items())
         + ".\n"
     )
-    print("| search | store | ef_search | recall | p50 ms | p95 ms |")
+    print_table(results, "store", ("one table", "partitioned"))
+
+
+def print_table(
+    results: dict[tuple[str, str, int], tuple[list[float], list[float]]],
+    column: str,
+    names: tuple[str, str],
+) -> None:
+    """The markdown table of both runs: recall and latency per search, store and ef_search."""
+    print(f"| search | {column} | ef_search | recall | p50 ms | p95 ms |")
     print("|---|---|---:|---:|---:|---:|")
     for scope in ("tenant", "global"):
         for ef in EF:
-            for store in ("one table", "partitioned"):
-                lat, rec = results[(scope, store, ef)]
+            for name in names:
+                lat, rec = results[(scope, name, ef)]
                 print(
-                    f"| {scope} | {store} | {ef} | {statistics.mean(rec):.3f} | "
+                    f"| {scope} | {name} | {ef} | {statistics.mean(rec):.3f} | "
                     f"{pct(lat, 0.5):.2f} | {pct(lat, 0.95):.2f} |"
                 )
 
@@ -328,16 +337,7 @@ def main() -> None:
         + (f"; built in {build['flat']:.0f} s and {build['parted']:.0f} s" if build else "")
         + ".\n"
     )
-    print("| search | table | ef_search | recall | p50 ms | p95 ms |")
-    print("|---|---|---:|---:|---:|---:|")
-    for scope in ("tenant", "global"):
-        for ef in EF:
-            for table in ("flat", "parted"):
-                lat, rec = results[(scope, table, ef)]
-                print(
-                    f"| {scope} | {table} | {ef} | {statistics.mean(rec):.3f} | "
-                    f"{pct(lat, 0.5):.2f} | {pct(lat, 0.95):.2f} |"
-                )
+    print_table(results, "table", ("flat", "parted"))
     print()
     for name, plan in plans.items():
         print(f"- {name}: `{plan}`")
