@@ -334,9 +334,10 @@ def test_new_documents_are_rendered_into_their_tenants_partition(
 def test_a_conversion_refuses_what_it_would_destroy_and_keeps_what_it_can(
     pg_server: TestServer, template_db: str
 ) -> None:
-    """Another role's view of the chunks stops the conversion, named, and nothing changes; a
-    grant, FORCE ROW LEVEL SECURITY, a storage option and a filter index with its filter come
-    through it; the cached statistics can still be cached on the partitioned store."""
+    """Another role's view of the chunks, or a table with a column of their row type, stops the
+    conversion, named, and nothing changes; a grant, FORCE ROW LEVEL SECURITY, a storage option
+    and a filter index with its filter come through it; under a publication of every table the
+    store's updates go on; statistics can still be cached."""
     made = make_crm(pg_server, template_db)
     crm = next(made)
     try:
@@ -347,6 +348,14 @@ def test_a_conversion_refuses_what_it_would_destroy_and_keeps_what_it_can(
         with psycopg.connect(crm.url, autocommit=True) as conn:
             assert conn.execute("select pgrag._store_shape()").fetchone() == (None,)
             conn.execute("drop view public.chunk_count")
+            # what no dependency of the table names: a column of its row type
+            conn.execute("create table public.snapshot (c pgrag.chunks)")
+        with pytest.raises(PgragError, match="would drop what depends on it: .*snapshot"):
+            migrate.upgrade(crm.url, tenant_partitions="list")
+        with psycopg.connect(crm.url, autocommit=True) as conn:
+            assert conn.execute("select pgrag._store_shape()").fetchone() == (None,)
+            conn.execute("drop table public.snapshot")
+            conn.execute("create publication everything for all tables")
             conn.execute("grant select on pgrag.chunks to pg_monitor")
             conn.execute("alter table pgrag.chunks force row level security")
             conn.execute("alter table pgrag.chunks set (autovacuum_vacuum_scale_factor = 0.05)")
@@ -370,5 +379,17 @@ def test_a_conversion_refuses_what_it_would_destroy_and_keeps_what_it_can(
             assert conn.execute("select pgrag._filter_index_keys()").fetchone() == keys_before
             assert keys_before is not None and keys_before[0] == ["status"]
             conn.execute("select pgrag.cache_stats('crm_account')")
+            # published: each partition is identified by its unique index on id
+            assert {
+                r[0]
+                for r in conn.execute(
+                    "select c.relreplident from pg_inherits h join pg_class c "
+                    "on c.oid = h.inhrelid where h.inhparent = 'pgrag.chunks'::regclass"
+                )
+            } == {"i"}
+            conn.execute("update crm.accounts set seats = seats + 1 where account_id = 1")
+            assert conn.execute("select * from pgrag.render_errors").fetchall() == []
+            assert conn.execute("select * from pgrag.verify()").fetchall() == []
+            conn.execute("drop publication everything")
     finally:
         made.close()

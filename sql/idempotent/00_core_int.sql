@@ -149,13 +149,13 @@ begin
       from pg_partitioned_table p where p.partrelid = 'pgrag.chunks'::regclass;
     if shape ->> 'strategy' = 'list' and to_regclass('pgrag.chunks_default') is not null then
         -- counted by the owner, who may read the partition (through pgrag.chunks no condition
-        -- prunes to it: it would read them all); others get the planner's estimate
+        -- prunes to it: it would read them all); others get the statistics' live rows
         if pg_has_role((select c.relowner from pg_class c
                          where c.oid = 'pgrag.chunks'::regclass), 'USAGE') then
             execute 'select count(*) from pgrag.chunks_default' into waiting;
         else
-            select greatest(c.reltuples, 0)::bigint into waiting
-              from pg_class c where c.oid = to_regclass('pgrag.chunks_default');
+            select greatest(t.n_live_tup, 0) into waiting
+              from pg_stat_all_tables t where t.relid = to_regclass('pgrag.chunks_default');
         end if;
         shape := shape || jsonb_build_object('default_rows', waiting);
     end if;

@@ -41,6 +41,8 @@ declare
     forced boolean;
     identity "char";
     targets jsonb;
+    column_options jsonb;
+    detail text;
     next_id bigint;
     owner_role regrole;
     comment text;
@@ -81,6 +83,12 @@ begin
             hint = format('migrate as %s (or a member of it)', owner_role);
     end if;
     lock table pgrag.chunks, pgrag.embed_errors in access exclusive mode;
+    -- Every read below sees every row: FORCE ROW LEVEL SECURITY would filter the owner's own
+    -- (it is set again on the new table), and row_security off makes any policy that still
+    -- applied an error instead of a silent filter, until the copy is made.
+    select c.relforcerowsecurity into strict forced from pg_class c where c.oid = store;
+    alter table pgrag.chunks no force row level security;
+    set local row_security = off;
     if want = 'list' and (select count(distinct c.tenant) from pgrag.chunks c) > 254 then
         raise exception using errcode = 'PR006',
             message = format('the store holds %s tenants: a partition each would be more than '
@@ -93,7 +101,7 @@ begin
     -- another role's views, functions, foreign keys, triggers, policies, publications,
     -- constraints, column grants. Refused, each named: converting would destroy them.
     select string_agg(what, '; ' order by what) into foreign_deps from (
-        select pg_describe_object(d.classid, d.objid, d.objsubid) as what
+        select distinct pg_describe_object(d.classid, d.objid, d.objsubid) as what
           from pg_depend d
          where d.refclassid = 'pg_class'::regclass and d.refobjid = store
            and d.deptype in ('n', 'a')
@@ -107,16 +115,19 @@ begin
                                  and p.polname in ('chunks_read', 'chunks_write')))
            and not (d.classid = 'pg_trigger'::regclass
                     and exists (select from pg_trigger t where t.oid = d.objid
-                                 and (t.tgisinternal or t.tgname in ('pgrag_stats_changed',
-                                                                      'pgrag_chunks_cascade'))))
+                                 and (t.tgisinternal
+                                      or t.tgfoid in (to_regproc('pgrag.stats_changed'),
+                                                      to_regproc('pgrag._chunks_deleted')))))
            and not (d.classid = 'pg_constraint'::regclass
                     and exists (select from pg_constraint k where k.oid = d.objid
-                                 and (k.contype in ('c', 'n')  -- checks: copied
-                                      or k.conname in ('chunks_pkey',
+                                 and (k.conrelid = store and k.contype in ('c', 'n')  -- copied
+                                      or (k.conrelid = store
+                                          and k.conname in ('chunks_pkey',
                                                        'chunks_doc_type_source_key_key',
                                                        'chunks_doc_type_source_key_tenant_key',
-                                                       'chunks_parent_id_fkey',
-                                                       'embed_errors_chunk_id_fkey'))))
+                                                       'chunks_parent_id_fkey'))
+                                      or (k.conrelid = 'pgrag.embed_errors'::regclass
+                                          and k.conname = 'embed_errors_chunk_id_fkey'))))
         union all
         select format('a grant on column %I', a.attname)
           from pg_attribute a where a.attrelid = store and a.attacl is not null
@@ -131,15 +142,19 @@ begin
             hint = 'drop them first (and make them again after the conversion), or keep the '
                    'store as it is';
     end if;
-    -- What the new table carries over: grants, row-level security FORCE, storage options,
-    -- statistics targets, replica identity.
-    select c.relacl, c.reloptions, c.relforcerowsecurity, c.relreplident
-      into strict acl, options, forced, identity
+    -- What the new table carries over: grants, row-level security FORCE (read above),
+    -- storage and column options, statistics targets, replica identity.
+    select c.relacl, c.reloptions, c.relreplident into strict acl, options, identity
       from pg_class c where c.oid = store;
     select jsonb_object_agg(a.attname, a.attstattarget) into targets
       from pg_attribute a
      where a.attrelid = store and a.attnum > 0 and not a.attisdropped
        and a.attstattarget is not null and a.attstattarget >= 0;
+    select jsonb_object_agg(a.attname, array_to_string(a.attoptions, ', ')) into column_options
+      from pg_attribute a
+     where a.attrelid = store and a.attnum > 0 and not a.attisdropped
+       and a.attoptions is not null;
+
     raise notice 'pgrag: converting the chunk store (% chunks) to tenant partitions: % (%)',
         (select count(*) from pgrag.chunks), want, clock_timestamp()::time(0);
 
@@ -159,7 +174,6 @@ begin
       into strict defs, notes
       from pg_index x join pg_class ic on ic.oid = x.indexrelid
      where x.indrelid = store and x.indisvalid
-       and ic.relname <> 'chunks_id'
        and not exists (select from pg_constraint k where k.conindid = x.indexrelid);
     -- (the sequence's own state: pg_sequence_last_value is NULL until it is used after a
     -- restart)
@@ -206,11 +220,34 @@ begin
     raise notice 'pgrag: copying the chunks (%)', clock_timestamp()::time(0);
     execute format('insert into pgrag.chunks_converted (%s) overriding system value '
                    'select %s from pgrag.chunks', cols, cols);
+    set local row_security = on;
 
     -- The old table goes, and with it what depends on it: its policies and triggers, the
     -- foreign key of pgrag.embed_errors, the SQL-bodied functions that read it (the idempotent
     -- files, applied next, make them all again for the new table).
-    drop table pgrag.chunks cascade;
+    -- Not CASCADE: pgrag's own dependents go by name first (the SQL-bodied functions of
+    -- schema pgrag that read it, made again by the idempotent files; embed_errors' foreign key)
+    -- and the table takes its policies, triggers and indexes with it; anything else that still
+    -- depends on it, which the check above does not see (a column of its row type, a default
+    -- on its sequence, a view of a partition, a view calling one of those functions), stops
+    -- the conversion, named.
+    alter table pgrag.embed_errors drop constraint if exists embed_errors_chunk_id_fkey;
+    for r in select distinct d.objid::regprocedure as fn
+               from pg_depend d join pg_proc p on p.oid = d.objid
+              where d.classid = 'pg_proc'::regclass and d.refclassid = 'pg_class'::regclass
+                and d.refobjid = store and p.pronamespace = 'pgrag'::regnamespace loop
+        execute format('drop function %s', r.fn);
+    end loop;
+    begin
+        drop table pgrag.chunks;
+    exception when dependent_objects_still_exist then
+        get stacked diagnostics detail = pg_exception_detail;
+        raise exception using errcode = 'PR006',
+            message = format('converting pgrag.chunks would drop what depends on it: %s',
+                             replace(detail, E'\n', '; ')),
+            hint = 'drop them first (and make them again after the conversion), or keep the '
+                   'store as it is';
+    end;
     alter table pgrag.chunks_converted rename to chunks;
     alter sequence pgrag.chunks_converted_id_seq rename to chunks_id_seq;
     for r in select c.oid::regclass as rel, c.relname from pg_inherits h
@@ -239,9 +276,19 @@ begin
         alter table pgrag.embed_errors add constraint embed_errors_chunk_id_fkey
             foreign key (chunk_id) references pgrag.chunks (id) on delete cascade;
     else
-        create index chunks_id on pgrag.chunks (id);
         alter table pgrag.chunks add constraint chunks_doc_type_source_key_tenant_key
             unique nulls not distinct (doc_type, source_key, tenant);
+        -- Each partition's ids are unique by an index of its own (the partitioned table may
+        -- have none: its unique keys must hold the tenant), which is also the partition's
+        -- replica identity: a publication of its updates needs one, and FULL would take in
+        -- the generated columns, which PostgreSQL 18 refuses to identify rows by.
+        for r in select h.inhrelid::regclass as rel, c.relname from pg_inherits h
+                   join pg_class c on c.oid = h.inhrelid
+                  where h.inhparent = 'pgrag.chunks'::regclass loop
+            execute format('create unique index %I on %s (id)', r.relname || '_id', r.rel);
+            execute format('alter table %s replica identity using index %I', r.rel,
+                           r.relname || '_id');
+        end loop;
     end if;
     for i in 1 .. cardinality(defs) loop
         raise notice 'pgrag: % (%)', defs[i], clock_timestamp()::time(0);
@@ -258,10 +305,13 @@ begin
                        case r.grantee when 0 then 'public' else r.grantee::regrole::text end,
                        case when r.is_grantable then ' with grant option' else '' end);
     end loop;
-    if identity in ('f', 'n') then
+    if want = 'none' and identity in ('f', 'n') then
         execute format('alter table pgrag.chunks replica identity %s',
                        case identity when 'f' then 'full' else 'nothing' end);
     end if;
+    for r in select key, value from jsonb_each_text(column_options) loop
+        execute format('alter table pgrag.chunks alter column %I set (%s)', r.key, r.value);
+    end loop;
     for r in select key, value::integer as target from jsonb_each_text(targets) loop
         execute format('alter table pgrag.chunks alter column %I set statistics %s',
                        r.key, r.target);
