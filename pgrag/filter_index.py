@@ -271,9 +271,7 @@ class StoreIndexRebuild:
 
 
 _STORE_INDEX_STATE: LiteralString = """
-select s.hnsw_m, s.hnsw_ef_construction,
-       (select count(*) from pgrag.chunks) - (select count(*) from pgrag.chunks
-                                              where embedding is null) as vectors,
+select s.hnsw_m, s.hnsw_ef_construction, pgrag._vectors() as vectors,
        (select x.indisvalid from pg_index x
          where x.indexrelid = to_regclass('pgrag.chunks_embedding_hnsw_new')) as new_valid
 from pgrag.settings s

@@ -220,9 +220,7 @@ def tune(
         # savepoint of an open transaction would outlive it and disable the index for the rest
         raise ConfigError("tune needs a connection outside a transaction: commit or roll back")
     with conn.transaction():
-        row = conn.execute(
-            "select count(*) from pgrag.chunks where embedding is not null"
-        ).fetchone()
+        row = conn.execute("select pgrag._vectors()").fetchone()
         chunks = int(row[0]) if row else 0
         previous = current_setting(conn)
         source, vecs, own = _query_vectors(conn, queries, seed)
@@ -343,13 +341,9 @@ def maybe_tune(
 
 
 def _due(conn: psycopg.Connection[Any], min_chunks: int) -> bool:
-    # every chunk (an index-only count) less those waiting for a vector (a partial index):
-    # a few ms at 1,000,000 chunks, where counting the vectors themselves reads the heap
     with conn.transaction():
         row = conn.execute(
-            "select (select count(*) from pgrag.chunks)"
-            " - (select count(*) from pgrag.chunks where embedding is null),"
-            " s.embedding_model, t.chunks, t.model "
+            "select pgrag._vectors(), s.embedding_model, t.chunks, t.model "
             "from pgrag.settings s "
             "left join lateral (select chunks, model from pgrag.tuning "
             "                   order by id desc limit 1) t on true"

@@ -1280,8 +1280,7 @@ begin
         return null;
     end if;
     delete from pgrag.embed_errors e where e.chunk_id in (select g.id from gone g);
-    delete from pgrag.chunks c
-     where c.parent_id in (select g.id from gone g where g.id is not null);
+    delete from pgrag.chunks c where c.parent_id in (select g.id from gone g);
     return null;
 end
 $fn$;

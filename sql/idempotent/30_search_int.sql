@@ -148,7 +148,7 @@ comment on function pgrag._search_default(text) is
 
 create or replace function pgrag._search_statement(mode text, where_sql text, skip_count boolean,
                                                    vector_schema name, bound jsonb default null,
-                                                   tenant_sql text default 'true')
+                                                   tenant_sql text default null)
 returns text
 language plpgsql immutable parallel safe security invoker
 set search_path = pg_catalog, pg_temp
@@ -280,7 +280,7 @@ $f$;
     end if;
     return format(tpl, where_sql, op, case when skip_count then 'true' else 'false' end,
                   case when mode = 'text' then '''text''::text' else '(select scan from path)' end,
-                  case when tenant_sql <> 'true' then ' and ' || tenant_sql else '' end);
+                  coalesce(' and ' || tenant_sql, ''));
 end
 $$;
 
@@ -433,7 +433,7 @@ begin
                                                                 'rrf_k', rrf_k,
                                                                 'fts_limit', fts_limit,
                                                                 'match', match),
-                                         coalesce(tenant_sql, 'true'));
+                                         tenant_sql);
 end
 $$;
 

@@ -32,6 +32,7 @@ declare
     strategy "char";
     parts integer;
     settled boolean;
+    tenants text[];  -- list: the tenants the store holds, each one's partition
     cols text;
     defs text[];
     notes text[];
@@ -47,7 +48,7 @@ declare
     owner_role regrole;
     comment text;
     r record;
-    i integer := 0;
+    i integer;
 begin
     if want = '' or store is null then
         return;
@@ -89,10 +90,15 @@ begin
     select c.relforcerowsecurity into strict forced from pg_class c where c.oid = store;
     alter table pgrag.chunks no force row level security;
     set local row_security = off;
-    if want = 'list' and (select count(distinct c.tenant) from pgrag.chunks c) > 254 then
+    if want = 'list' then
+        select coalesce(array_agg(distinct c.tenant order by c.tenant)
+                            filter (where c.tenant is not null), '{}')
+          into strict tenants from pgrag.chunks c;
+    end if;
+    if cardinality(tenants) > 254 then  -- (with the shared and the default partitions)
         raise exception using errcode = 'PR006',
             message = format('the store holds %s tenants: a partition each would be more than '
-                             '256 partitions', (select count(distinct c.tenant) from pgrag.chunks c)),
+                             '256 partitions', cardinality(tenants)),
             hint = 'partition by hash instead: --tenant-partitions 64 (every search over all '
                    'tenants locks each partition and its indexes: docs/scaling.md)';
     end if;
@@ -194,11 +200,9 @@ begin
             for values in (null);
         comment on table pgrag.chunks_converted_shared is
             'pgrag.chunks'' partition of the shared chunks (tenant NULL)';
-        for r in select distinct c.tenant from pgrag.chunks c
-                  where c.tenant is not null order by c.tenant loop
-            i := i + 1;
+        for i in 1 .. cardinality(tenants) loop
             execute format('create table pgrag.%I partition of pgrag.chunks_converted '
-                           'for values in (%L)', 'chunks_converted_t' || i, r.tenant);
+                           'for values in (%L)', 'chunks_converted_t' || i, tenants[i]);
             execute format('comment on table pgrag.%I is %L', 'chunks_converted_t' || i,
                            'pgrag.chunks'' partition of one tenant');
         end loop;
