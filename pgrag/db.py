@@ -550,31 +550,17 @@ class Client(_Replicated):
         measurement, None when not taken (``tune`` False, or fewer vectors than the worker
         tunes), or why it failed (the new index stays, searches keep the old ef_search)."""
         from pgrag import filter_index
-        from pgrag import tune as tuning
 
         self.require_schema()
         with mapped_database_errors():
-            done = filter_index.rebuild_store_index(
+            return filter_index.rebuild_and_tune(
                 self.url,
                 m=m,
                 ef_construction=ef_construction,
                 maintenance_work_mem=maintenance_work_mem,
                 progress=progress,
+                tune=tune,
             )
-        if not tune or done.vectors < tuning.AUTO_MIN_CHUNKS:
-            return done, None
-        try:
-            with self._primary() as conn, mapped_database_errors():
-                return done, tuning.tune(
-                    conn,
-                    target=tuning.AUTO_TARGET,
-                    chunk_target=tuning.AUTO_CHUNK_TARGET,
-                    tuned_by="pgrag reindex",
-                    store_best=True,
-                )
-        except (PgragError, psycopg.Error) as exc:
-            text = str(exc).strip()
-            return done, text.splitlines()[0] if text else type(exc).__name__
 
     # ---- the statistics cache (pgrag/stats_cache.py) ----
 

@@ -31,7 +31,7 @@ import json
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, LiteralString, NoReturn
+from typing import TYPE_CHECKING, Any, LiteralString, NoReturn
 
 import psycopg
 from psycopg import sql
@@ -40,6 +40,9 @@ from psycopg.rows import class_row
 from pgrag import config
 from pgrag.errors import ConfigError, IndexBuildFailed, from_database, mapped_database_errors
 from pgrag.filters import filter_param, parse_filter_json
+
+if TYPE_CHECKING:
+    from pgrag.tune import TuneResult
 
 PREFIX = "chunks_embedding_hnsw_f_"
 CLEANUP_LOCK_TIMEOUT = "5s"
@@ -273,9 +276,37 @@ class StoreIndexRebuild:
 _STORE_INDEX_STATE: LiteralString = """
 select s.hnsw_m, s.hnsw_ef_construction, pgrag._vectors() as vectors,
        (select x.indisvalid from pg_index x
-         where x.indexrelid = to_regclass('pgrag.chunks_embedding_hnsw_new')) as new_valid
+         where x.indexrelid = to_regclass('pgrag.chunks_embedding_hnsw_new')) as new_valid,
+       (select pg_has_role(c.relowner, 'USAGE') from pg_class c
+         where c.oid = 'pgrag.chunks'::regclass) as owner,
+       pgrag._store_partitioned() as partitioned
 from pgrag.settings s
 """
+
+
+@dataclass(frozen=True)
+class GraphBehind:
+    """A store index sparser than its size's graph (``graph_behind``): the vectors, the
+    current and the wanted (m, ef_construction), and whether this role can rebuild it (it owns
+    pgrag.chunks, and the store is one table: ``pgrag reindex`` refuses a partitioned one)."""
+
+    vectors: int
+    current: tuple[int, int]
+    wanted: tuple[int, int]
+    can_rebuild: bool
+
+
+def graph_behind(conn: psycopg.Connection[Any]) -> GraphBehind | None:
+    """The store index's graph against the one ``pgrag reindex`` would build for the store's
+    size (``choose_graph``); None when they are the same."""
+    with conn.transaction():
+        row = conn.execute(_STORE_INDEX_STATE).fetchone()
+    assert row is not None
+    current = (int(row[0]), int(row[1]))
+    wanted = choose_graph(int(row[2]), current, None, None)
+    if wanted == current:
+        return None
+    return GraphBehind(int(row[2]), current, wanted, bool(row[4]) and not row[5])
 
 
 def choose_graph(
@@ -297,6 +328,7 @@ def rebuild_store_index(
     ef_construction: int | None = None,
     maintenance_work_mem: str | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> StoreIndexRebuild:
     """Rebuild the store's HNSW index with ``m`` and ``ef_construction`` (default
     ``choose_graph``), concurrently: searches and writes go on, on the old graph until the new
@@ -304,7 +336,8 @@ def rebuild_store_index(
     run's graph; ``finished_earlier``); a half-built one is dropped and built again.
     IndexBuildFailed if the build fails or is cancelled (the old index stays as it was).
     ``progress(phase, done, total)``: the build's phases, then the drop of the old index,
-    which waits for the transactions open on the chunks."""
+    which waits for the transactions open on the chunks. ``should_stop``, asked every half
+    second while the index builds: True cancels the build (IndexBuildFailed)."""
     with psycopg.connect(url, autocommit=True) as conn, _exclusive(conn, STORE_INDEX):
         row = conn.execute(_STORE_INDEX_STATE).fetchone()
         assert row is not None
@@ -324,7 +357,7 @@ def rebuild_store_index(
                 conn.execute(drop_new)
             set_maintenance_work_mem(conn, maintenance_work_mem)
             try:
-                _run_with_progress(url, conn, create, progress)
+                _run_with_progress(url, conn, create, progress, should_stop)
             except BaseException as exc:
                 _build_failed(
                     conn,
@@ -351,6 +384,54 @@ def rebuild_store_index(
         size_bytes=int(swapped[2]),
         finished_earlier=finished_earlier,
     )
+
+
+def rebuild_and_tune(
+    url: str,
+    *,
+    m: int | None = None,
+    ef_construction: int | None = None,
+    maintenance_work_mem: str | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    tune: bool = True,
+    tuned_by: str = "pgrag reindex",
+) -> tuple[StoreIndexRebuild, TuneResult | str | None]:
+    """``rebuild_store_index``, then (unless ``tune`` is False) ef_search measured on the new
+    graph as the worker measures it: ``pgrag reindex``, and the worker when the store outgrew
+    its graph. Second: the measurement; None when not taken (``tune`` False, fewer vectors
+    than the worker tunes, or stopped); or why it failed (the new index stays, searches keep
+    the old ef_search)."""
+    from pgvector.psycopg import register_vector
+
+    from pgrag import tune as tuning
+    from pgrag.errors import PgragError
+
+    done = rebuild_store_index(
+        url,
+        m=m,
+        ef_construction=ef_construction,
+        maintenance_work_mem=maintenance_work_mem,
+        progress=progress,
+        should_stop=should_stop,
+    )
+    if not tune or done.vectors < tuning.AUTO_MIN_CHUNKS:
+        return done, None
+    try:
+        with psycopg.connect(url, autocommit=True) as conn, mapped_database_errors():
+            register_vector(conn)
+            return done, tuning.tune(
+                conn,
+                target=tuning.AUTO_TARGET,
+                chunk_target=tuning.AUTO_CHUNK_TARGET,
+                tuned_by=tuned_by,
+                store_best=True,
+                should_stop=should_stop,
+            )
+    except tuning.TuneStopped:
+        return done, None
+    except (PgragError, psycopg.Error) as exc:
+        return done, _first_line(exc)
 
 
 def set_maintenance_work_mem(conn: psycopg.Connection[Any], value: str | None) -> None:
@@ -406,9 +487,11 @@ def _run_with_progress(
     conn: psycopg.Connection[Any],
     statement: bytes,
     progress: Callable[[str, int, int], None] | None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> None:
-    """Run ``statement`` on ``conn``; meanwhile report its pg_stat_progress_create_index row."""
-    if progress is None:
+    """Run ``statement`` on ``conn``; meanwhile report its pg_stat_progress_create_index row,
+    and cancel it when ``should_stop`` says so (the statement then fails: QueryCanceled)."""
+    if progress is None and should_stop is None:
         conn.execute(statement)
         return
     pid = conn.info.backend_pid
@@ -428,8 +511,12 @@ def _run_with_progress(
     try:
         with psycopg.connect(url, autocommit=True) as watch:
             while not done.wait(0.5):
+                if should_stop is not None and should_stop():
+                    conn.cancel_safe()
+                    worker.join()
+                    break
                 row = watch.execute(_PROGRESS, (pid,)).fetchone()
-                if row is not None:
+                if row is not None and progress is not None:
                     progress(str(row[0]), int(row[1] or 0), int(row[2] or 0))
     except BaseException:  # Ctrl-C, a failing progress callback, a lost watch connection
         conn.cancel_safe()

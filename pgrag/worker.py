@@ -196,12 +196,20 @@ class Worker:
         failure_retry_s: float = DEFAULT_FAILURE_RETRY_S,
         stop: threading.Event | None = None,
         auto_tune: bool = True,
+        auto_reindex: bool = True,
+        notice: Callable[[str], None] | None = None,
     ) -> None:
         self.url = url
         # after a drain that embedded, measure ef_search again when the store doubled or
         # halved (pgrag/tune.py maybe_tune); the last measurement, if this worker took one
         self.auto_tune = auto_tune
         self.last_tune: TuneResult | None = None
+        # when that measurement finds the graph the limit and the store has outgrown it,
+        # rebuild the store index for its size, in a thread (_maybe_reindex)
+        self.auto_reindex = auto_reindex
+        self.notice: Callable[[str], None] = notice or (lambda line: _log.warning("%s", line))
+        self._reindex: threading.Thread | None = None
+        self._reindex_cancel = threading.Event()
         self.embedder = embedder
         self.batch_size = batch_size
         self.render_entries = render_entries
@@ -233,6 +241,9 @@ class Worker:
         return self
 
     def close(self) -> None:
+        self._reindex_cancel.set()  # a rebuild in flight is cancelled: the old index stays
+        self.join_reindex()
+        self._reindex_cancel.clear()
         if self._conn is not None:
             self._conn.close()  # closing ends the session: its advisory locks go with it
             self._conn = None
@@ -479,6 +490,81 @@ class Worker:
             return
         if tuned is not None:
             self.last_tune = tuned
+            if tuned.chosen is None and self.auto_reindex:
+                self._maybe_reindex()
+
+    def _maybe_reindex(self) -> None:
+        """No ef_search reached the recall target: when the store has outgrown its graph
+        (``filter_index.graph_behind``: m 16 / ef_construction 64 past 500,000 vectors, or a
+        graph built sparser by hand), rebuild the store index for its size and measure
+        ef_search again (``pgrag reindex``'s work), in a thread: the build is concurrent, so
+        this worker goes on embedding, and searches use the old graph until the new one
+        replaces it. Only the owner of pgrag.chunks can; another role is told to ask for
+        ``pgrag reindex``. ``close`` (and the stop event) cancels a build: the old index
+        stays. Told through ``notice``."""
+        from pgrag import filter_index
+
+        if self._reindex is not None and self._reindex.is_alive():
+            return
+        try:
+            behind = filter_index.graph_behind(self.conn)
+        except psycopg.Error as exc:
+            if connection_lost(exc):
+                raise
+            self.notice(f"pgrag: store index not checked: {str(exc).strip().splitlines()[0]}")
+            return
+        if behind is None:
+            return
+        (m, efc), (want_m, want_efc) = behind.current, behind.wanted
+        graph = (
+            f"the store index's graph (m {m}, ef_construction {efc}) stops short of the recall "
+            f"target at {behind.vectors:,} vectors"
+        )
+        if not behind.can_rebuild:
+            self.notice(
+                f"pgrag: {graph}: `pgrag reindex`, as the owner of pgrag.chunks, rebuilds it "
+                f"with m {want_m}, ef_construction {want_efc} (docs/search.md, 'The graph')"
+            )
+            return
+        self.notice(
+            f"pgrag: {graph}: rebuilding it with m {want_m}, ef_construction {want_efc}, "
+            "concurrently (searches and writes go on; docs/search.md, 'The graph')"
+        )
+
+        def stopping() -> bool:
+            return self._reindex_cancel.is_set() or self.stop.is_set()
+
+        def rebuild() -> None:
+            started = time.perf_counter()
+            try:
+                done, tuned = filter_index.rebuild_and_tune(
+                    self.url, should_stop=stopping, tuned_by="worker"
+                )
+            except (PgragError, psycopg.Error) as exc:
+                text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                self.notice(f"pgrag: store index not rebuilt: {text}")
+                return
+            line = (
+                f"pgrag: store index rebuilt in {time.perf_counter() - started:.0f} s: "
+                f"m {done.m}, ef_construction {done.ef_construction}, "
+                f"{done.size_bytes / 2**20:,.0f} MB"
+            )
+            if isinstance(tuned, str):
+                line += f"; ef_search not measured ({tuned}): `pgrag tune` measures it"
+            elif tuned is not None:
+                self.last_tune = tuned
+                used = next((p for p in tuned.points if p.ef_search == tuned.chosen), tuned.closest)
+                line += f"; ef_search {used.ef_search}: recall@{tuned.k} {used.recall:.3f}"
+            self.notice(line)
+
+        self._reindex = threading.Thread(target=rebuild, name="pgrag-reindex", daemon=True)
+        self._reindex.start()
+
+    def join_reindex(self) -> None:
+        """Wait for a store index rebuild this worker started (``_maybe_reindex``), if any."""
+        if self._reindex is not None:
+            self._reindex.join()
+            self._reindex = None
 
     def run_forever(
         self,

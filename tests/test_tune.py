@@ -279,3 +279,135 @@ def test_the_worker_stores_the_best_value_when_the_graph_cannot_reach_the_target
             assert t.current_setting(conn) == best
             row = conn.execute("select ef_search, best_ef_search from pgrag.tuning").fetchone()
             assert row == (None, best)
+
+
+_GRAPH = "select hnsw_m, hnsw_ef_construction from pgrag.settings"
+
+
+def test_the_worker_rebuilds_a_graph_the_store_outgrew_then_tunes_it(db_url: str) -> None:
+    # recall out of the box at any size: when no ef_search reaches the target and the store
+    # has outgrown its graph (here one built by hand far sparser than the store's size wants),
+    # the worker rebuilds the index for the store's size, concurrently, and measures again
+    from pgrag.embed.openai import OpenAIEmbedder
+    from pgrag.worker import Worker
+
+    fake = FakeEmbeddings()
+    env = {"PGRAG_DATABASE_URL": db_url, **fake.env()}
+    embedder = OpenAIEmbedder("fake-embed", base_url=fake.base_url, dimensions=DIM)
+    try:
+        _insert_chunks(db_url, 1, 1_500)
+        assert run_pgrag("embed", env=env).returncode == 0
+        r = run_pgrag("reindex", "--m", "2", "--ef-construction", "4", "--no-tune", env=env)
+        assert r.returncode == 0, r.stderr
+        _insert_chunks(db_url, 10_000, 1_600)  # the store doubled: the worker measures again
+        lines: list[str] = []
+        with Worker(db_url, embedder, notice=lines.append) as w:
+            assert w.drain().written == 1_600
+            w.join_reindex()
+            tuned = w.last_tune
+    finally:
+        fake.close()
+    assert lines[0].startswith(
+        "pgrag: the store index's graph (m 2, ef_construction 4) stops short of the recall "
+        "target at 3,100 vectors: rebuilding it with m 16, ef_construction 64"
+    ), lines
+    assert lines[1].startswith("pgrag: store index rebuilt in "), lines
+    assert "m 16, ef_construction 64" in lines[1] and "recall@10" in lines[1]
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute(_GRAPH).fetchone() == (16, 64)
+        assert conn.execute(
+            "select to_regclass('pgrag.chunks_embedding_hnsw_new') is null"
+        ).fetchone() == (True,)
+        rows = conn.execute(
+            "select chunks, tuned_by, ef_search from pgrag.tuning order by id"
+        ).fetchall()
+    # the sparse graph's measurement found no value; the new graph's reached the target
+    assert [r[:2] for r in rows[-2:]] == [(3_100, "worker"), (3_100, "worker")]
+    assert rows[-2][2] is None and rows[-1][2] is not None
+    assert tuned is not None and tuned.chosen == rows[-1][2]
+    # a store at the graph its size wants is left alone: the next measurement rebuilds nothing
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        from pgrag import filter_index
+
+        assert filter_index.graph_behind(conn) is None
+
+
+def test_a_worker_that_does_not_own_the_store_says_who_can_rebuild_it(db_url: str) -> None:
+    from pgrag import filter_index
+    from pgrag.embed.openai import OpenAIEmbedder
+    from pgrag.worker import Worker
+
+    fake = FakeEmbeddings()
+    env = {"PGRAG_DATABASE_URL": db_url, **fake.env()}
+    embedder = OpenAIEmbedder("fake-embed", base_url=fake.base_url, dimensions=DIM)
+    try:
+        _insert_chunks(db_url, 1, 1_500)
+        assert run_pgrag("embed", env=env).returncode == 0
+        r = run_pgrag("reindex", "--m", "2", "--ef-construction", "4", "--no-tune", env=env)
+        assert r.returncode == 0, r.stderr
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute("set role pgrag_writer")
+            behind = filter_index.graph_behind(conn)
+            assert behind is not None and not behind.can_rebuild
+            assert (behind.current, behind.wanted) == ((2, 4), (16, 64))
+        # the worker as the writer role: measured, nothing rebuilt, the owner's command said
+        _insert_chunks(db_url, 10_000, 1_600)
+        lines: list[str] = []
+        with Worker(db_url, embedder, notice=lines.append) as w:
+            w.conn.execute("set role pgrag_writer")
+            assert w.drain().written == 1_600
+            w.join_reindex()
+        assert lines == [
+            "pgrag: the store index's graph (m 2, ef_construction 4) stops short of the recall "
+            "target at 3,100 vectors: `pgrag reindex`, as the owner of pgrag.chunks, rebuilds "
+            "it with m 16, ef_construction 64 (docs/search.md, 'The graph')"
+        ]
+        # --no-reindex (auto_reindex=False): measured, nothing rebuilt, nothing said
+        _insert_chunks(db_url, 20_000, 3_200)
+        lines.clear()
+        with Worker(db_url, embedder, notice=lines.append, auto_reindex=False) as w:
+            assert w.drain().written == 3_200
+            assert w.last_tune is not None and w.last_tune.chosen is None
+            w.join_reindex()
+        assert lines == []
+    finally:
+        fake.close()
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute(_GRAPH).fetchone() == (2, 4)
+
+
+def test_stopping_the_worker_cancels_its_rebuild_and_keeps_the_old_index(db_url: str) -> None:
+    from pgrag.embed.openai import OpenAIEmbedder
+    from pgrag.worker import Worker
+
+    from .conftest import wait_for
+
+    fake = FakeEmbeddings()
+    env = {"PGRAG_DATABASE_URL": db_url, **fake.env()}
+    embedder = OpenAIEmbedder("fake-embed", base_url=fake.base_url, dimensions=DIM)
+    try:
+        _insert_chunks(db_url, 1, 1_500)
+        assert run_pgrag("embed", env=env).returncode == 0
+        r = run_pgrag("reindex", "--m", "2", "--ef-construction", "4", "--no-tune", env=env)
+        assert r.returncode == 0, r.stderr
+        _insert_chunks(db_url, 10_000, 1_600)
+        lines: list[str] = []
+        with psycopg.connect(db_url) as writer, Worker(db_url, embedder, notice=lines.append) as w:
+            # a transaction writing the chunks holds the concurrent build at its start
+            writer.execute("update pgrag.chunks set updated_at = updated_at where id = 1")
+            assert w.drain().written == 1_600
+            wait_for(lambda: len(lines) == 1, "the worker started its rebuild")
+            w.stop.set()
+            wait_for(lambda: len(lines) == 2, "the worker said what became of its rebuild")
+            writer.rollback()
+            w.join_reindex()
+    finally:
+        fake.close()
+    assert lines[1].startswith("pgrag: store index not rebuilt: "), lines
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute(_GRAPH).fetchone() == (2, 4)
+        valid = conn.execute(
+            "select x.indisvalid from pg_index x "
+            "where x.indexrelid = 'pgrag.chunks_embedding_hnsw'::regclass"
+        ).fetchone()
+        assert valid == (True,)

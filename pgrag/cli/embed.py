@@ -75,7 +75,8 @@ def _tuned(result: TuneResult) -> str:
         f"ef_search {result.chosen} reaches recall@{result.k} {result.target:g}"
         if result.chosen is not None
         else f"no ef_search reaches recall@{result.k} {result.target:g} (best "
-        f"{top.recall:.3f}): the index graph is the limit (docs/search.md, 'Tuning')"
+        f"{top.recall:.3f}): the index graph is the limit; `pgrag reindex` rebuilds it for the "
+        "store's size, as `pgrag worker` does (docs/search.md, 'The graph')"
     )
     where = f"{result.chunks:,} chunks on {result.queries} {result.source}"
     return f"measured recall at {where}: {chosen}"
@@ -137,7 +138,10 @@ def embed(
     url = url_of(ctx)
     embedder = _embedder(embedder_spec)
     stop = threading.Event()
-    with Worker(url, embedder, batch_size=batch_size, stop=stop) as worker, StopOnSignals(stop):
+    with (
+        Worker(url, embedder, batch_size=batch_size, stop=stop, auto_reindex=False) as worker,
+        StopOnSignals(stop),
+    ):
         worker.check()
         if retry_failed:
             click.echo(f"forgot {worker.clear_errors()} recorded failures", err=True)
@@ -167,12 +171,29 @@ def embed(
     help="Seconds between queue checks when no NOTIFY arrives (a burst of writers notifies "
     "once; the worker looks again right after each batch).",
 )
+@click.option(
+    "--no-reindex",
+    is_flag=True,
+    help="Never rebuild the store index when the store outgrows its graph (say so instead).",
+)
 @click.pass_context
-def worker(ctx: click.Context, embedder_spec: str | None, batch_size: int, poll_s: float) -> None:
+def worker(
+    ctx: click.Context,
+    embedder_spec: str | None,
+    batch_size: int,
+    poll_s: float,
+    no_reindex: bool,
+) -> None:
     """Keep rendering and embedding as writes arrive, until SIGINT or SIGTERM.
 
     Wakes on NOTIFY (pgrag_render, pgrag_chunks), renders the documents waiting in the render
     queue, then embeds what changed.
+
+    After embedding, it measures ef_search when the store doubled or halved. When no value
+    reaches the recall target and the store has outgrown its index's graph (m 16 past 500,000
+    vectors), it rebuilds the index for the store's size, concurrently, as `pgrag reindex`
+    does: run it as the owner of pgrag.chunks, with the server's maintenance_work_mem large
+    enough for the graph (ALTER ROLE ... SET maintenance_work_mem), or pass --no-reindex.
 
     Stops cleanly on SIGINT or SIGTERM after its current batch (a second signal interrupts).
     Any number of workers may run at once. A lost connection (the server restarting, a
@@ -181,7 +202,17 @@ def worker(ctx: click.Context, embedder_spec: str | None, batch_size: int, poll_
     url = url_of(ctx)
     embedder = _embedder(embedder_spec)
     stop = threading.Event()
-    with Worker(url, embedder, batch_size=batch_size, stop=stop) as w, StopOnSignals(stop):
+    with (
+        Worker(
+            url,
+            embedder,
+            batch_size=batch_size,
+            stop=stop,
+            auto_reindex=not no_reindex,
+            notice=lambda line: click.echo(line, err=True),
+        ) as w,
+        StopOnSignals(stop),
+    ):
         w.check()
         click.echo(f"pgrag worker: {embedder.name}, listening on pgrag_chunks", err=True)
 
@@ -246,7 +277,10 @@ def reembed(
             abort=True,
         )
     stop = threading.Event()
-    with Worker(url, embedder, batch_size=batch_size, stop=stop) as w, StopOnSignals(stop):
+    with (
+        Worker(url, embedder, batch_size=batch_size, stop=stop, auto_reindex=False) as w,
+        StopOnSignals(stop),
+    ):
         queued = w.begin_reembed()
         click.echo(
             f"store switched to {embedder.name} ({embedder.dimension} d); {queued} chunks queued"

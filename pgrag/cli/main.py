@@ -663,8 +663,8 @@ def status(state: _State) -> None:
                 if t["ef_search"] is not None
                 else f"no ef_search reached {t['target']:g}: searches use "
                 f"{t['best_ef_search']}, the best the index graph gives ({t['recall']:.3f}); "
-                "rebuild it denser: `pgrag reindex --m 32 --ef-construction 200` (docs/search.md, "
-                "'Tuning')"
+                "`pgrag reindex` rebuilds it for the store's size, as `pgrag worker` does when it "
+                "owns the store (docs/search.md, 'The graph')"
             )
             click.echo(
                 f"recall:     {chosen}, measured {str(t['measured_at'])[:16].replace('T', ' ')} at "
