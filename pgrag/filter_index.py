@@ -286,27 +286,36 @@ from pgrag.settings s
 
 @dataclass(frozen=True)
 class GraphBehind:
-    """A store index sparser than its size's graph (``graph_behind``): the vectors, the
-    current and the wanted (m, ef_construction), and whether this role can rebuild it (it owns
-    pgrag.chunks, and the store is one table: ``pgrag reindex`` refuses a partitioned one)."""
+    """The store index against its size's graph (``graph_behind``): the vectors, the current
+    and the wanted (m, ef_construction), whether a rebuild finished its new index but not the
+    swap (``unfinished``: a valid chunks_embedding_hnsw_new, which the next rebuild swaps in),
+    whether this role owns pgrag.chunks, and whether the store is partitioned (``pgrag
+    reindex`` refuses one)."""
 
     vectors: int
     current: tuple[int, int]
     wanted: tuple[int, int]
-    can_rebuild: bool
+    unfinished: bool
+    owner: bool
+    partitioned: bool
+
+    @property
+    def can_rebuild(self) -> bool:
+        return self.owner and not self.partitioned
 
 
 def graph_behind(conn: psycopg.Connection[Any]) -> GraphBehind | None:
     """The store index's graph against the one ``pgrag reindex`` would build for the store's
-    size (``choose_graph``); None when they are the same."""
+    size (``choose_graph``); None when they are the same and no rebuild is unfinished."""
     with conn.transaction():
         row = conn.execute(_STORE_INDEX_STATE).fetchone()
     assert row is not None
     current = (int(row[0]), int(row[1]))
     wanted = choose_graph(int(row[2]), current, None, None)
-    if wanted == current:
+    unfinished = bool(row[3])
+    if wanted == current and not unfinished:
         return None
-    return GraphBehind(int(row[2]), current, wanted, bool(row[4]) and not row[5])
+    return GraphBehind(int(row[2]), current, wanted, unfinished, bool(row[4]), bool(row[5]))
 
 
 def choose_graph(
@@ -337,7 +346,9 @@ def rebuild_store_index(
     IndexBuildFailed if the build fails or is cancelled (the old index stays as it was).
     ``progress(phase, done, total)``: the build's phases, then the drop of the old index,
     which waits for the transactions open on the chunks. ``should_stop``, asked every half
-    second while the index builds: True cancels the build (IndexBuildFailed)."""
+    second while the index builds and every second while the old one is dropped: True cancels
+    the build, or leaves the new index valid beside the old one (which the next rebuild swaps
+    in); IndexBuildFailed either way."""
     with psycopg.connect(url, autocommit=True) as conn, _exclusive(conn, STORE_INDEX):
         row = conn.execute(_STORE_INDEX_STATE).fetchone()
         assert row is not None
@@ -370,7 +381,7 @@ def rebuild_store_index(
                 )
         if progress is not None:
             progress("dropping the old index (waits for open transactions)", 0, 1)
-        conn.execute(drop_old)
+        _drop_old_index(conn, drop_old, should_stop)
         swapped = conn.execute("select * from pgrag._store_index_swap()").fetchone()
         assert swapped is not None
         if progress is not None:
@@ -384,6 +395,30 @@ def rebuild_store_index(
         size_bytes=int(swapped[2]),
         finished_earlier=finished_earlier,
     )
+
+
+def _drop_old_index(
+    conn: psycopg.Connection[Any], drop_old: bytes, should_stop: Callable[[], bool] | None
+) -> None:
+    """Drop the old store index (concurrently: it waits for the transactions open on the
+    chunks). With ``should_stop``, a second of lock wait at a time, asking it in between: a
+    transaction left open on the chunks would otherwise hold a stopping worker without end."""
+    if should_stop is None:
+        conn.execute(drop_old)
+        return
+    conn.execute("select set_config('lock_timeout', '1s', false)")  # this session's own
+    while True:
+        if should_stop():
+            raise IndexBuildFailed(
+                f"stopped before the new store index replaced the old one: {NEW_STORE_INDEX} "
+                "is built and serves searches beside the old one; the next `pgrag reindex`, or "
+                "the worker when it starts, swaps it in"
+            )
+        try:
+            conn.execute(drop_old)
+            return
+        except psycopg.errors.LockNotAvailable:
+            continue
 
 
 def rebuild_and_tune(

@@ -50,7 +50,13 @@ from pgrag.embed.base import (
     Vectors,
     embed_with_retry,
 )
-from pgrag.errors import ConfigError, ConnectionFailed, PgragError, from_database
+from pgrag.errors import (
+    ConfigError,
+    ConnectionFailed,
+    IndexBuildFailed,
+    PgragError,
+    from_database,
+)
 from pgrag.tune import TuneResult, maybe_tune
 
 _log = logging.getLogger(__name__)
@@ -66,6 +72,11 @@ RENDER_BATCH_S = 0.5  # the render batch's target duration
 DEFAULT_POLL_S = 2.0
 BUSY_POLL_S = 0.05
 DEFAULT_MAX_ATTEMPTS = 5
+# A store index rebuild that failed (not stopped) is tried again after REINDEX_RETRY_S, at most
+# REINDEX_ATTEMPTS times in all per worker: a transient failure (a lost connection, a deadlock
+# with a manual VACUUM) retried, a lasting one (disk full) not every drain.
+REINDEX_ATTEMPTS = 3
+REINDEX_RETRY_S = 600.0
 DEFAULT_FAILURE_RETRY_S = 60.0
 
 
@@ -210,6 +221,9 @@ class Worker:
         self.notice: Callable[[str], None] = notice or (lambda line: _log.warning("%s", line))
         self._reindex: threading.Thread | None = None
         self._reindex_cancel = threading.Event()
+        self._reindex_failures = 0  # rebuilds that failed (not stopped): retried, up to a bound
+        self._reindex_after = 0.0  # time.monotonic() before which none is tried again
+        self._reindex_checked = False  # an unfinished rebuild looked for, once per worker
         self.embedder = embedder
         self.batch_size = batch_size
         self.render_entries = render_entries
@@ -238,12 +252,22 @@ class Worker:
             )
         register_vector(conn)
         self._conn = conn
+        if self.auto_reindex and not self._reindex_checked:
+            # a rebuild that built its index but died before the swap (a killed worker or
+            # `pgrag reindex`): finished now, not when the store next outgrows its graph
+            self._reindex_checked = True
+            self._maybe_reindex(unfinished_only=True)
         return self
 
     def close(self) -> None:
-        self._reindex_cancel.set()  # a rebuild in flight is cancelled: the old index stays
+        """Stop a rebuild in flight (``_maybe_reindex``: the old index stays, or a new one
+        already built stays beside it for the next start to swap in) and close the session."""
+        self._reindex_cancel.set()
         self.join_reindex()
         self._reindex_cancel.clear()
+        self._close_connection()
+
+    def _close_connection(self) -> None:
         if self._conn is not None:
             self._conn.close()  # closing ends the session: its advisory locks go with it
             self._conn = None
@@ -474,6 +498,12 @@ class Worker:
         seconds = time.perf_counter() - started  # the embedding's, not the tuning's
         if self.auto_tune and total.claimed > 0 and not self.stop.is_set():
             self._maybe_tune()
+            if (
+                self._reindex_failures
+                and self._reindex_failures < REINDEX_ATTEMPTS
+                and time.monotonic() >= self._reindex_after
+            ):
+                self._maybe_reindex()  # a rebuild that failed, tried again
         return _with(total, seconds=seconds, stopped=self.stop.is_set())
 
     def _maybe_tune(self) -> None:
@@ -493,15 +523,18 @@ class Worker:
             if tuned.chosen is None and self.auto_reindex:
                 self._maybe_reindex()
 
-    def _maybe_reindex(self) -> None:
+    def _maybe_reindex(self, *, unfinished_only: bool = False) -> None:
         """No ef_search reached the recall target: when the store has outgrown its graph
         (``filter_index.graph_behind``: m 16 / ef_construction 64 past 500,000 vectors, or a
         graph built sparser by hand), rebuild the store index for its size and measure
         ef_search again (``pgrag reindex``'s work), in a thread: the build is concurrent, so
         this worker goes on embedding, and searches use the old graph until the new one
         replaces it. Only the owner of pgrag.chunks can; another role is told to ask for
-        ``pgrag reindex``. ``close`` (and the stop event) cancels a build: the old index
-        stays. Told through ``notice``."""
+        ``pgrag reindex``. ``unfinished_only``: only finish a rebuild whose new index is built
+        (a valid chunks_embedding_hnsw_new). ``close`` and the stop event stop a rebuild: the
+        old index stays, or the new one, built, stays beside it for the next start. A failed
+        rebuild is tried again after REINDEX_RETRY_S, up to REINDEX_ATTEMPTS. Told through
+        ``notice``, one line each."""
         from pgrag import filter_index
 
         if self._reindex is not None and self._reindex.is_alive():
@@ -511,24 +544,47 @@ class Worker:
         except psycopg.Error as exc:
             if connection_lost(exc):
                 raise
-            self.notice(f"pgrag: store index not checked: {str(exc).strip().splitlines()[0]}")
+            self.notice(f"pgrag: store index not checked: {_first_line(exc)}")
             return
-        if behind is None:
+        if behind is None or (unfinished_only and not behind.unfinished):
             return
         (m, efc), (want_m, want_efc) = behind.current, behind.wanted
-        graph = (
-            f"the store index's graph (m {m}, ef_construction {efc}) stops short of the recall "
-            f"target at {behind.vectors:,} vectors"
-        )
-        if not behind.can_rebuild:
+        if behind.unfinished:
+            what = (
+                f"a rebuild of the store index left {filter_index.NEW_STORE_INDEX} built "
+                "beside the old one"
+            )
+            doing = "swapping it in"
+        else:
+            what = (
+                f"the store index's graph (m {m}, ef_construction {efc}) stops short of the "
+                f"recall target at {behind.vectors:,} vectors"
+            )
+            doing = (
+                f"rebuilding it with m {want_m}, ef_construction {want_efc}, concurrently "
+                "(searches and writes go on"
+            )
+        if behind.partitioned:
             self.notice(
-                f"pgrag: {graph}: `pgrag reindex`, as the owner of pgrag.chunks, rebuilds it "
-                f"with m {want_m}, ef_construction {want_efc} (docs/search.md, 'The graph')"
+                f"pgrag: {what}; the store is partitioned by tenant, which `pgrag reindex` does "
+                "not rebuild: `pgrag db upgrade --tenant-partitions none`, then again with list "
+                "or N, rebuilds every graph (docs/scaling.md)"
+            )
+            return
+        if not behind.owner:
+            self.notice(
+                f"pgrag: {what}: `pgrag reindex`, as the owner of pgrag.chunks, "
+                + (
+                    "swaps it in"
+                    if behind.unfinished
+                    else f"rebuilds it with m {want_m}, ef_construction {want_efc}"
+                )
+                + " (docs/search.md, 'The graph')"
             )
             return
         self.notice(
-            f"pgrag: {graph}: rebuilding it with m {want_m}, ef_construction {want_efc}, "
-            "concurrently (searches and writes go on; docs/search.md, 'The graph')"
+            f"pgrag: {what}: {doing}"
+            + ("; docs/search.md, 'The graph')" if not behind.unfinished else "")
         )
 
         def stopping() -> bool:
@@ -540,10 +596,27 @@ class Worker:
                 done, tuned = filter_index.rebuild_and_tune(
                     self.url, should_stop=stopping, tuned_by="worker"
                 )
-            except (PgragError, psycopg.Error) as exc:
-                text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                self.notice(f"pgrag: store index not rebuilt: {text}")
+            except Exception as exc:  # noqa: BLE001 (told in one line, never a traceback)
+                if stopping():
+                    self.notice(
+                        "pgrag: store index rebuild stopped with the worker: "
+                        + (
+                            _first_line(exc)
+                            if isinstance(exc, IndexBuildFailed) and "stopped" in str(exc)
+                            else "the old index stays as it was"
+                        )
+                    )
+                    return
+                self._reindex_failures += 1
+                self._reindex_after = time.monotonic() + REINDEX_RETRY_S
+                again = (
+                    f"tried again after {REINDEX_RETRY_S / 60:.0f} minutes"
+                    if self._reindex_failures < REINDEX_ATTEMPTS
+                    else "not tried again by this worker: `pgrag reindex` runs it"
+                )
+                self.notice(f"pgrag: store index not rebuilt ({again}): {_first_line(exc)}")
                 return
+            self._reindex_failures = 0
             line = (
                 f"pgrag: store index rebuilt in {time.perf_counter() - started:.0f} s: "
                 f"m {done.m}, ef_construction {done.ef_construction}, "
@@ -555,6 +628,8 @@ class Worker:
                 self.last_tune = tuned
                 used = next((p for p in tuned.points if p.ef_search == tuned.chosen), tuned.closest)
                 line += f"; ef_search {used.ef_search}: recall@{tuned.k} {used.recall:.3f}"
+            elif stopping():
+                line += "; ef_search not measured (the worker stopped): `pgrag tune` measures it"
             self.notice(line)
 
         self._reindex = threading.Thread(target=rebuild, name="pgrag-reindex", daemon=True)
@@ -616,7 +691,7 @@ class Worker:
             except (psycopg.Error, PgragError) as exc:
                 if not connection_lost(exc):
                     raise
-                self.close()
+                self._close_connection()  # a rebuild in flight has its own connections
                 failures += 1
                 delay = backoff.delay(failures)
                 if on_reconnect is not None:
@@ -734,3 +809,8 @@ class StopOnSignals:
 
 def _since(started: float) -> float:
     return time.perf_counter() - started
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

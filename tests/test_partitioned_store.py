@@ -279,6 +279,27 @@ def test_what_builds_concurrently_is_refused_on_a_partitioned_store(crm: Crm) ->
         assert "partitioned by tenant" in got.output and "Traceback" not in got.output
 
 
+def test_the_worker_does_not_rebuild_a_partitioned_stores_graph_but_says_how(crm: Crm) -> None:
+    from pgrag import filter_index
+    from pgrag.embed.openai import OpenAIEmbedder
+    from pgrag.worker import Worker
+
+    with psycopg.connect(crm.url, autocommit=True) as conn:
+        conn.execute("update pgrag.settings set hnsw_m = 2, hnsw_ef_construction = 4")
+        try:
+            behind = filter_index.graph_behind(conn)
+            assert behind is not None and behind.partitioned and not behind.can_rebuild
+            lines: list[str] = []
+            embedder = OpenAIEmbedder("unused", base_url="http://127.0.0.1:9", dimensions=8)
+            with Worker(crm.url, embedder, notice=lines.append) as w:
+                w._maybe_reindex()
+                w.join_reindex()
+        finally:
+            conn.execute("update pgrag.settings set hnsw_m = 16, hnsw_ef_construction = 64")
+    assert len(lines) == 1 and "the store is partitioned by tenant" in lines[0], lines
+    assert "`pgrag db upgrade --tenant-partitions none`" in lines[0]
+
+
 def test_bad_shapes_are_refused_before_anything_runs(crm: Crm) -> None:
     for bad in ("0", "1", "2000", "hash", "-3"):
         with pytest.raises(ConfigError, match="not none, list or a number"):

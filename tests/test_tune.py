@@ -279,6 +279,12 @@ def test_the_worker_stores_the_best_value_when_the_graph_cannot_reach_the_target
             assert t.current_setting(conn) == best
             row = conn.execute("select ef_search, best_ef_search from pgrag.tuning").fetchone()
             assert row == (None, best)
+            # the graph is the store size's already: status names a denser one
+            out = run_pgrag("status", env={"PGRAG_DATABASE_URL": db_url})
+            assert (
+                "a denser graph reaches more: `pgrag reindex --m 32 --ef-construction 200`"
+                in out.stdout
+            ), out.stdout
 
 
 _GRAPH = "select hnsw_m, hnsw_ef_construction from pgrag.settings"
@@ -374,6 +380,11 @@ def test_a_worker_that_does_not_own_the_store_says_who_can_rebuild_it(db_url: st
         fake.close()
     with psycopg.connect(db_url) as conn:
         assert conn.execute(_GRAPH).fetchone() == (2, 4)
+    out = run_pgrag("status", env={"PGRAG_DATABASE_URL": db_url})
+    assert (
+        "`pgrag reindex` rebuilds it for the store's size (m 16, ef_construction 64), as "
+        "`pgrag worker` does when it owns the store" in out.stdout
+    ), out.stdout
 
 
 def test_stopping_the_worker_cancels_its_rebuild_and_keeps_the_old_index(db_url: str) -> None:
@@ -403,7 +414,9 @@ def test_stopping_the_worker_cancels_its_rebuild_and_keeps_the_old_index(db_url:
             w.join_reindex()
     finally:
         fake.close()
-    assert lines[1].startswith("pgrag: store index not rebuilt: "), lines
+    assert lines[1] == (
+        "pgrag: store index rebuild stopped with the worker: the old index stays as it was"
+    ), lines
     with psycopg.connect(db_url) as conn:
         assert conn.execute(_GRAPH).fetchone() == (2, 4)
         valid = conn.execute(
@@ -411,3 +424,68 @@ def test_stopping_the_worker_cancels_its_rebuild_and_keeps_the_old_index(db_url:
             "where x.indexrelid = 'pgrag.chunks_embedding_hnsw'::regclass"
         ).fetchone()
         assert valid == (True,)
+
+
+def test_a_stop_while_the_old_index_is_dropped_keeps_the_new_one_for_the_next_start(
+    db_url: str,
+) -> None:
+    # a transaction left open on the chunks holds the drop of the old index without end: the
+    # worker's stop must not wait for it; the new index, built, stays and the next start of
+    # a worker swaps it in
+    from pgrag.embed.openai import OpenAIEmbedder
+    from pgrag.worker import Worker
+
+    from .conftest import wait_for
+
+    fake = FakeEmbeddings()
+    env = {"PGRAG_DATABASE_URL": db_url, **fake.env()}
+    embedder = OpenAIEmbedder("fake-embed", base_url=fake.base_url, dimensions=DIM)
+
+    def new_index_valid() -> bool:
+        with psycopg.connect(db_url) as c:
+            row = c.execute(
+                "select x.indisvalid from pg_index x "
+                "where x.indexrelid = to_regclass('pgrag.chunks_embedding_hnsw_new')"
+            ).fetchone()
+        return bool(row and row[0])
+
+    try:
+        _insert_chunks(db_url, 1, 1_500)
+        assert run_pgrag("embed", env=env).returncode == 0
+        r = run_pgrag("reindex", "--m", "2", "--ef-construction", "4", "--no-tune", env=env)
+        assert r.returncode == 0, r.stderr
+        _insert_chunks(db_url, 10_000, 1_600)
+        lines: list[str] = []
+        with psycopg.connect(db_url) as reader, Worker(db_url, embedder, notice=lines.append) as w:
+            # open and idle (read committed: no snapshot held): the build does not wait for
+            # it, the drop of the old index does
+            reader.execute("select 1 from pgrag.chunks limit 1")
+            assert w.drain().written == 1_600
+            wait_for(new_index_valid, "the new index built")
+            w.stop.set()
+            wait_for(lambda: len(lines) == 2, "the worker said what became of its rebuild")
+            w.join_reindex()
+            reader.rollback()
+        assert lines[1].startswith(
+            "pgrag: store index rebuild stopped with the worker: stopped before the new store "
+            "index replaced the old one"
+        ), lines
+        assert new_index_valid()
+        # the next worker finishes it when it starts
+        lines.clear()
+        with Worker(db_url, embedder, notice=lines.append) as w:
+            w.join_reindex()
+        assert lines[0] == (
+            "pgrag: a rebuild of the store index left chunks_embedding_hnsw_new built beside "
+            "the old one: swapping it in"
+        ), lines
+        assert lines[1].startswith("pgrag: store index rebuilt in "), lines
+    finally:
+        fake.close()
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute(_GRAPH).fetchone() == (16, 64)
+        assert not new_index_valid()
+        assert conn.execute(
+            "select count(*) from pg_index x join pg_class i on i.oid = x.indexrelid "
+            "where x.indrelid = 'pgrag.chunks'::regclass and i.relname like 'chunks_embedding%'"
+        ).fetchone() == (1,)

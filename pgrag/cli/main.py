@@ -21,6 +21,7 @@ from pgrag.cli.options import CONTEXT_SETTINGS, Group, print_rebuild, rebuild_pr
 from pgrag.errors import EXIT_CODES, NotMigrated, PgragError, ServerError
 
 if TYPE_CHECKING:
+    from pgrag.db import Client
     from pgrag.documents import Mismatch
 
 # A missing schema, table, column, function or type (invalid_schema_name, undefined_table,
@@ -663,8 +664,7 @@ def status(state: _State) -> None:
                 if t["ef_search"] is not None
                 else f"no ef_search reached {t['target']:g}: searches use "
                 f"{t['best_ef_search']}, the best the index graph gives ({t['recall']:.3f}); "
-                "`pgrag reindex` rebuilds it for the store's size, as `pgrag worker` does when it "
-                "owns the store (docs/search.md, 'The graph')"
+                + _denser(client, t["chunks"])
             )
             click.echo(
                 f"recall:     {chosen}, measured {str(t['measured_at'])[:16].replace('T', ' ')} at "
@@ -674,6 +674,29 @@ def status(state: _State) -> None:
         if line:
             click.echo(line)
         click.echo(f"store:      {store_line(st.store)}")
+
+
+def _denser(client: Client, vectors: int) -> str:
+    """What rebuilds a graph that stops short of the recall target: the store size's graph
+    (`pgrag reindex`, and the worker), or, when the graph is that already, a denser one."""
+    from pgrag.filter_index import choose_graph
+
+    s = client.settings()
+    current = (s.hnsw_m, s.hnsw_ef_construction)
+    m, efc = choose_graph(vectors, current, None, None)
+    if (m, efc) != current:
+        return (
+            f"`pgrag reindex` rebuilds it for the store's size (m {m}, ef_construction {efc}), "
+            "as `pgrag worker` does when it owns the store (docs/search.md, 'The graph')"
+        )
+    if m < config.DENSE_HNSW_M:
+        m, efc = config.DENSE_HNSW_M, config.DENSE_HNSW_EF_CONSTRUCTION
+    else:
+        m, efc = 2 * m, 2 * efc
+    return (
+        f"a denser graph reaches more: `pgrag reindex --m {m} --ef-construction {efc}` "
+        "(docs/search.md, 'The graph')"
+    )
 
 
 def store_line(shape: Mapping[str, Any] | None) -> str:
