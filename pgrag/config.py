@@ -84,6 +84,10 @@ DEFAULT_HNSW_EF_CONSTRUCTION = 64
 # ef_construction 200 reached 0.952 at ef_search 130; at 100,000 the default reaches 0.99
 # (docs/benchmarks.md). Between them nothing was measured: the threshold is halfway.
 DENSE_GRAPH_FROM = 500_000
+# pgvector's bounds for an HNSW index's m and ef_construction (its hnsw.c: HNSW_MAX_M,
+# HNSW_MAX_EF_CONSTRUCTION); the CLI's options and `pgrag status`'s advice keep within them
+MIN_HNSW_M, MAX_HNSW_M = 2, 100
+MIN_HNSW_EF_CONSTRUCTION, MAX_HNSW_EF_CONSTRUCTION = 4, 1000
 DENSE_HNSW_M = 32
 DENSE_HNSW_EF_CONSTRUCTION = 200
 

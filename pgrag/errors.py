@@ -70,6 +70,11 @@ class IndexBuildFailed(PgragError):
     """A filter index build failed or was cancelled (pgrag/filter_index.py); nothing is left."""
 
 
+class IndexBusy(IndexBuildFailed):
+    """Another session builds or drops an index of the chunks (pgrag/filter_index.py): one at
+    a time."""
+
+
 class MissingDependency(PgragError, ImportError):
     """An optional Python package that this feature needs is not installed."""
 
@@ -161,6 +166,7 @@ __all__ = [
     "DocumentError",
     "EmbeddingFailed",
     "IndexBuildFailed",
+    "IndexBusy",
     "InvalidFilter",
     "MissingDependency",
     "MissingExtension",

@@ -38,7 +38,13 @@ from psycopg import sql
 from psycopg.rows import class_row
 
 from pgrag import config
-from pgrag.errors import ConfigError, IndexBuildFailed, from_database, mapped_database_errors
+from pgrag.errors import (
+    ConfigError,
+    IndexBuildFailed,
+    IndexBusy,
+    from_database,
+    mapped_database_errors,
+)
 from pgrag.filters import filter_param, parse_filter_json
 
 if TYPE_CHECKING:
@@ -225,7 +231,7 @@ def _exclusive(conn: psycopg.Connection[Any], name: str) -> Iterator[None]:
     if not (row and row[0]) or (building and building[0]):
         if row and row[0]:
             conn.execute(_UNLOCK)
-        raise IndexBuildFailed(
+        raise IndexBusy(
             f"an index of pgrag.chunks ({name} or another) is being built or dropped by another "
             "session: wait for it (pg_stat_progress_create_index shows a build), then run the "
             "command again"
@@ -365,7 +371,7 @@ def rebuild_store_index(
         finished_earlier = bool(new_valid)  # built by a run that died: swapped in as it is
         if not finished_earlier:
             if new_valid is not None:  # half built by a run that died
-                conn.execute(drop_new)
+                _drop_stoppable(url, conn, drop_new, should_stop, "before rebuilding it")
             set_maintenance_work_mem(conn, maintenance_work_mem)
             try:
                 _run_with_progress(url, conn, create, progress, should_stop)
@@ -381,7 +387,7 @@ def rebuild_store_index(
                 )
         if progress is not None:
             progress("dropping the old index (waits for open transactions)", 0, 1)
-        _drop_old_index(conn, drop_old, should_stop)
+        _drop_stoppable(url, conn, drop_old, should_stop, _KEPT)
         swapped = conn.execute("select * from pgrag._store_index_swap()").fetchone()
         assert swapped is not None
         if progress is not None:
@@ -397,28 +403,29 @@ def rebuild_store_index(
     )
 
 
-def _drop_old_index(
-    conn: psycopg.Connection[Any], drop_old: bytes, should_stop: Callable[[], bool] | None
+_KEPT = (
+    f"before the new store index replaced the old one: {NEW_STORE_INDEX} is built and serves "
+    "searches beside the old one; the next `pgrag reindex`, or the worker when it starts, swaps "
+    "it in"
+)
+
+
+def _drop_stoppable(
+    url: str,
+    conn: psycopg.Connection[Any],
+    drop: bytes,
+    should_stop: Callable[[], bool] | None,
+    state: str,
 ) -> None:
-    """Drop the old store index (concurrently: it waits for the transactions open on the
-    chunks). With ``should_stop``, a second of lock wait at a time, asking it in between: a
-    transaction left open on the chunks would otherwise hold a stopping worker without end."""
-    if should_stop is None:
-        conn.execute(drop_old)
-        return
-    conn.execute("select set_config('lock_timeout', '1s', false)")  # this session's own
-    while True:
-        if should_stop():
-            raise IndexBuildFailed(
-                f"stopped before the new store index replaced the old one: {NEW_STORE_INDEX} "
-                "is built and serves searches beside the old one; the next `pgrag reindex`, or "
-                "the worker when it starts, swaps it in"
-            )
-        try:
-            conn.execute(drop_old)
-            return
-        except psycopg.errors.LockNotAvailable:
-            continue
+    """Drop an index concurrently (it waits for the transactions open on the chunks, without
+    end while one stays open), cancelled when ``should_stop`` says so: IndexBuildFailed
+    "stopped <state>"."""
+    try:
+        _run_with_progress(url, conn, drop, None, should_stop)
+    except psycopg.errors.QueryCanceled as exc:
+        if should_stop is None or not should_stop():
+            raise
+        raise IndexBuildFailed(f"stopped {state}") from exc
 
 
 def rebuild_and_tune(

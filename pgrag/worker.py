@@ -54,6 +54,7 @@ from pgrag.errors import (
     ConfigError,
     ConnectionFailed,
     IndexBuildFailed,
+    IndexBusy,
     PgragError,
     from_database,
 )
@@ -255,8 +256,8 @@ class Worker:
         if self.auto_reindex and not self._reindex_checked:
             # a rebuild that built its index but died before the swap (a killed worker or
             # `pgrag reindex`): finished now, not when the store next outgrows its graph
-            self._reindex_checked = True
             self._maybe_reindex(unfinished_only=True)
+            self._reindex_checked = True
         return self
 
     def close(self) -> None:
@@ -520,7 +521,11 @@ class Worker:
             return
         if tuned is not None:
             self.last_tune = tuned
-            if tuned.chosen is None and self.auto_reindex:
+            if (
+                tuned.chosen is None
+                and self.auto_reindex
+                and self._reindex_failures < REINDEX_ATTEMPTS
+            ):
                 self._maybe_reindex()
 
     def _maybe_reindex(self, *, unfinished_only: bool = False) -> None:
@@ -546,7 +551,10 @@ class Worker:
                 raise
             self.notice(f"pgrag: store index not checked: {_first_line(exc)}")
             return
-        if behind is None or (unfinished_only and not behind.unfinished):
+        if behind is None:
+            self._reindex_failures = 0  # done, by whoever: nothing to try again
+            return
+        if unfinished_only and not behind.unfinished:
             return
         (m, efc), (want_m, want_efc) = behind.current, behind.wanted
         if behind.unfinished:
@@ -596,15 +604,21 @@ class Worker:
                 done, tuned = filter_index.rebuild_and_tune(
                     self.url, should_stop=stopping, tuned_by="worker"
                 )
+            except IndexBusy:
+                self.notice(
+                    "pgrag: store index not rebuilt here: another session is building or "
+                    "dropping an index of the chunks (a worker or `pgrag reindex`); it is left "
+                    "to that one"
+                )
+                return
             except Exception as exc:  # noqa: BLE001 (told in one line, never a traceback)
                 if stopping():
+                    said = _first_line(exc)
                     self.notice(
-                        "pgrag: store index rebuild stopped with the worker: "
-                        + (
-                            _first_line(exc)
-                            if isinstance(exc, IndexBuildFailed) and "stopped" in str(exc)
-                            else "the old index stays as it was"
-                        )
+                        f"pgrag: store index rebuild {said}"
+                        if isinstance(exc, IndexBuildFailed) and said.startswith("stopped ")
+                        else "pgrag: store index rebuild stopped with the worker: the old index "
+                        "stays as it was"
                     )
                     return
                 self._reindex_failures += 1
@@ -618,9 +632,9 @@ class Worker:
                 return
             self._reindex_failures = 0
             line = (
-                f"pgrag: store index rebuilt in {time.perf_counter() - started:.0f} s: "
-                f"m {done.m}, ef_construction {done.ef_construction}, "
-                f"{done.size_bytes / 2**20:,.0f} MB"
+                f"pgrag: store index {'swapped in' if done.finished_earlier else 'rebuilt'} "
+                f"({time.perf_counter() - started:.0f} s): m {done.m}, ef_construction "
+                f"{done.ef_construction}, {done.size_bytes / 2**20:,.0f} MB"
             )
             if isinstance(tuned, str):
                 line += f"; ef_search not measured ({tuned}): `pgrag tune` measures it"

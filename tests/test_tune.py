@@ -317,7 +317,7 @@ def test_the_worker_rebuilds_a_graph_the_store_outgrew_then_tunes_it(db_url: str
         "pgrag: the store index's graph (m 2, ef_construction 4) stops short of the recall "
         "target at 3,100 vectors: rebuilding it with m 16, ef_construction 64"
     ), lines
-    assert lines[1].startswith("pgrag: store index rebuilt in "), lines
+    assert lines[1].startswith("pgrag: store index rebuilt ("), lines
     assert "m 16, ef_construction 64" in lines[1] and "recall@10" in lines[1]
     with psycopg.connect(db_url) as conn:
         assert conn.execute(_GRAPH).fetchone() == (16, 64)
@@ -457,9 +457,15 @@ def test_a_stop_while_the_old_index_is_dropped_keeps_the_new_one_for_the_next_st
         _insert_chunks(db_url, 10_000, 1_600)
         lines: list[str] = []
         with psycopg.connect(db_url) as reader, Worker(db_url, embedder, notice=lines.append) as w:
-            # open and idle (read committed: no snapshot held): the build does not wait for
-            # it, the drop of the old index does
-            reader.execute("select 1 from pgrag.chunks limit 1")
+            # a lock on the chunks, no snapshot held: the build does not wait for it, the drop
+            # of the old index does
+            reader.execute("lock table pgrag.chunks in access share mode")
+            with psycopg.connect(db_url) as watch:
+                held = watch.execute(
+                    "select backend_xmin is null from pg_stat_activity where pid = %s",
+                    (reader.info.backend_pid,),
+                ).fetchone()
+            assert held == (True,)
             assert w.drain().written == 1_600
             wait_for(new_index_valid, "the new index built")
             w.stop.set()
@@ -467,10 +473,14 @@ def test_a_stop_while_the_old_index_is_dropped_keeps_the_new_one_for_the_next_st
             w.join_reindex()
             reader.rollback()
         assert lines[1].startswith(
-            "pgrag: store index rebuild stopped with the worker: stopped before the new store "
-            "index replaced the old one"
+            "pgrag: store index rebuild stopped before the new store index replaced the old "
+            "one: chunks_embedding_hnsw_new is built and serves searches beside the old one"
         ), lines
         assert new_index_valid()
+        # a conversion of the store waits for the rebuild to be finished
+        r = run_pgrag("db", "upgrade", "--tenant-partitions", "2", env=env)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "a rebuild of the store index is unfinished" in r.stderr, r.stderr
         # the next worker finishes it when it starts
         lines.clear()
         with Worker(db_url, embedder, notice=lines.append) as w:
@@ -479,7 +489,7 @@ def test_a_stop_while_the_old_index_is_dropped_keeps_the_new_one_for_the_next_st
             "pgrag: a rebuild of the store index left chunks_embedding_hnsw_new built beside "
             "the old one: swapping it in"
         ), lines
-        assert lines[1].startswith("pgrag: store index rebuilt in "), lines
+        assert lines[1].startswith("pgrag: store index swapped in ("), lines
     finally:
         fake.close()
     with psycopg.connect(db_url) as conn:

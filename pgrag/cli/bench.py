@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from pgrag import config
 from pgrag.cli.options import CONTEXT_SETTINGS, Group, url_of
 
 
@@ -51,10 +52,14 @@ _add_strategies()
 )
 @click.option(
     "--hnsw-m",
-    type=click.IntRange(2, 100),
+    type=click.IntRange(config.MIN_HNSW_M, config.MAX_HNSW_M),
     help="Build the index with this m (its own database pgrag_bench_<rows>_m<m>_efc<efc>).",
 )
-@click.option("--hnsw-ef-construction", type=click.IntRange(4, 1000), help="Likewise.")
+@click.option(
+    "--hnsw-ef-construction",
+    type=click.IntRange(config.MIN_HNSW_EF_CONSTRUCTION, config.MAX_HNSW_EF_CONSTRUCTION),
+    help="Likewise.",
+)
 @click.option(
     "--tune",
     is_flag=True,

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from pgrag import config
 from pgrag.cli.options import CONTEXT_SETTINGS, Group, json_option, url_of
 from pgrag.errors import PgragError
 
@@ -157,10 +158,15 @@ def _progress() -> Callable[[str | None, int, int], None]:
 
 
 @click.command("reindex", context_settings=CONTEXT_SETTINGS)
-@click.option("--m", "m", type=click.IntRange(2, 100), help="HNSW m (default: by store size).")
+@click.option(
+    "--m",
+    "m",
+    type=click.IntRange(config.MIN_HNSW_M, config.MAX_HNSW_M),
+    help="HNSW m (default: by store size).",
+)
 @click.option(
     "--ef-construction",
-    type=click.IntRange(4, 1000),
+    type=click.IntRange(config.MIN_HNSW_EF_CONSTRUCTION, config.MAX_HNSW_EF_CONSTRUCTION),
     help="HNSW ef_construction, at least 2 x m (default: by store size).",
 )
 @click.option(

@@ -21,7 +21,7 @@ from pgrag.cli.options import CONTEXT_SETTINGS, Group, print_rebuild, rebuild_pr
 from pgrag.errors import EXIT_CODES, NotMigrated, PgragError, ServerError
 
 if TYPE_CHECKING:
-    from pgrag.db import Client
+    from pgrag.db import Client, StoreStatus
     from pgrag.documents import Mismatch
 
 # A missing schema, table, column, function or type (invalid_schema_name, undefined_table,
@@ -294,10 +294,14 @@ def db() -> None:
     help="Embedding dimension, fixed at the first migration (default 384). "
     "Env: PGRAG_EMBEDDING_DIM.",
 )
-@click.option("--hnsw-m", type=click.IntRange(2, 100), help="HNSW m (default 16).")
+@click.option(
+    "--hnsw-m",
+    type=click.IntRange(config.MIN_HNSW_M, config.MAX_HNSW_M),
+    help="HNSW m (default 16).",
+)
 @click.option(
     "--hnsw-ef-construction",
-    type=click.IntRange(4, 1000),
+    type=click.IntRange(config.MIN_HNSW_EF_CONSTRUCTION, config.MAX_HNSW_EF_CONSTRUCTION),
     help="HNSW ef_construction (default 64).",
 )
 @click.option(
@@ -664,7 +668,7 @@ def status(state: _State) -> None:
                 if t["ef_search"] is not None
                 else f"no ef_search reached {t['target']:g}: searches use "
                 f"{t['best_ef_search']}, the best the index graph gives ({t['recall']:.3f}); "
-                + _denser(client, t["chunks"])
+                + _denser(client, st, t["chunks"])
             )
             click.echo(
                 f"recall:     {chosen}, measured {str(t['measured_at'])[:16].replace('T', ' ')} at "
@@ -676,11 +680,17 @@ def status(state: _State) -> None:
         click.echo(f"store:      {store_line(st.store)}")
 
 
-def _denser(client: Client, vectors: int) -> str:
+def _denser(client: Client, st: StoreStatus, vectors: int) -> str:
     """What rebuilds a graph that stops short of the recall target: the store size's graph
-    (`pgrag reindex`, and the worker), or, when the graph is that already, a denser one."""
+    (`pgrag reindex`, and the worker), or, when the graph is that already, a denser one (within
+    pgvector's limits); a partitioned store, converted again."""
     from pgrag.filter_index import choose_graph
 
+    if st.store:
+        return (
+            "the store is partitioned by tenant: `pgrag db upgrade --tenant-partitions none`, then "
+            "again with list or N, rebuilds its graphs (docs/scaling.md)"
+        )
     s = client.settings()
     current = (s.hnsw_m, s.hnsw_ef_construction)
     m, efc = choose_graph(vectors, current, None, None)
@@ -690,9 +700,11 @@ def _denser(client: Client, vectors: int) -> str:
             "as `pgrag worker` does when it owns the store (docs/search.md, 'The graph')"
         )
     if m < config.DENSE_HNSW_M:
-        m, efc = config.DENSE_HNSW_M, config.DENSE_HNSW_EF_CONSTRUCTION
+        m, efc = config.DENSE_HNSW_M, max(efc, config.DENSE_HNSW_EF_CONSTRUCTION)
     else:
-        m, efc = 2 * m, 2 * efc
+        m, efc = min(2 * m, config.MAX_HNSW_M), min(2 * efc, config.MAX_HNSW_EF_CONSTRUCTION)
+    if (m, efc) == current:
+        return "the graph is as dense as pgvector builds one (docs/search.md, 'The graph')"
     return (
         f"a denser graph reaches more: `pgrag reindex --m {m} --ef-construction {efc}` "
         "(docs/search.md, 'The graph')"

@@ -77,6 +77,15 @@ begin
             return;
         end if;
     end if;
+    if to_regclass('pgrag.chunks_embedding_hnsw_new') is not null then
+        -- a store index rebuild left unfinished (pgrag/filter_index.py): copied as it is, it
+        -- would be a second graph built per partition, or the only one under another name
+        raise exception using errcode = 'PR006',
+            message = 'a rebuild of the store index is unfinished (pgrag.chunks_embedding_hnsw_new '
+                      'is there): the store is not converted',
+            hint = 'run `pgrag reindex` (it swaps a built new index in, or builds it again), '
+                   'then convert';
+    end if;
     if not pg_has_role(owner_role, 'USAGE') then
         raise exception using errcode = 'PR006',
             message = format('%I does not own pgrag.chunks (%s does): it cannot convert the store',
