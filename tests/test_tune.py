@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -290,29 +292,42 @@ def test_the_worker_stores_the_best_value_when_the_graph_cannot_reach_the_target
 _GRAPH = "select hnsw_m, hnsw_ef_construction from pgrag.settings"
 
 
-def test_the_worker_rebuilds_a_graph_the_store_outgrew_then_tunes_it(db_url: str) -> None:
-    # recall out of the box at any size: when no ef_search reaches the target and the store
-    # has outgrown its graph (here one built by hand far sparser than the store's size wants),
-    # the worker rebuilds the index for the store's size, concurrently, and measures again
+@contextlib.contextmanager
+def _outgrown_store(db_url: str) -> Iterator[tuple[dict[str, str], Any]]:
+    """1,500 chunks embedded and measured, their graph rebuilt by hand far sparser than the
+    store's size wants (m 2, ef_construction 4), then 1,600 more waiting: the store doubled,
+    so the worker measures it again after embedding them. The CLI's environment and an
+    embedder, both on a fake embedding server."""
     from pgrag.embed.openai import OpenAIEmbedder
-    from pgrag.worker import Worker
 
     fake = FakeEmbeddings()
     env = {"PGRAG_DATABASE_URL": db_url, **fake.env()}
-    embedder = OpenAIEmbedder("fake-embed", base_url=fake.base_url, dimensions=DIM)
     try:
         _insert_chunks(db_url, 1, 1_500)
         assert run_pgrag("embed", env=env).returncode == 0
         r = run_pgrag("reindex", "--m", "2", "--ef-construction", "4", "--no-tune", env=env)
         assert r.returncode == 0, r.stderr
-        _insert_chunks(db_url, 10_000, 1_600)  # the store doubled: the worker measures again
-        lines: list[str] = []
-        with Worker(db_url, embedder, notice=lines.append) as w:
-            assert w.drain().written == 1_600
-            w.join_reindex()
-            tuned = w.last_tune
+        _insert_chunks(db_url, 10_000, 1_600)
+        yield env, OpenAIEmbedder("fake-embed", base_url=fake.base_url, dimensions=DIM)
     finally:
         fake.close()
+
+
+def test_the_worker_rebuilds_a_graph_the_store_outgrew_then_tunes_it(db_url: str) -> None:
+    # recall out of the box at any size: when no ef_search reaches the target and the store
+    # has outgrown its graph (here one built by hand far sparser than the store's size wants),
+    # the worker rebuilds the index for the store's size, concurrently, and measures again
+    from pgrag import filter_index
+    from pgrag.worker import Worker
+
+    lines: list[str] = []
+    with (
+        _outgrown_store(db_url) as (_, embedder),
+        Worker(db_url, embedder, notice=lines.append) as w,
+    ):
+        assert w.drain().written == 1_600
+        w.join_reindex()
+        tuned = w.last_tune
     assert lines[0].startswith(
         "pgrag: the store index's graph (m 2, ef_construction 4) stops short of the recall "
         "target at 3,100 vectors: rebuilding it with m 16, ef_construction 64"
@@ -333,32 +348,21 @@ def test_the_worker_rebuilds_a_graph_the_store_outgrew_then_tunes_it(db_url: str
     assert tuned is not None and tuned.chosen == rows[-1][2]
     # a store at the graph its size wants is left alone: the next measurement rebuilds nothing
     with psycopg.connect(db_url, autocommit=True) as conn:
-        from pgrag import filter_index
-
         assert filter_index.graph_behind(conn) is None
 
 
 def test_a_worker_that_does_not_own_the_store_says_who_can_rebuild_it(db_url: str) -> None:
     from pgrag import filter_index
-    from pgrag.embed.openai import OpenAIEmbedder
     from pgrag.worker import Worker
 
-    fake = FakeEmbeddings()
-    env = {"PGRAG_DATABASE_URL": db_url, **fake.env()}
-    embedder = OpenAIEmbedder("fake-embed", base_url=fake.base_url, dimensions=DIM)
-    try:
-        _insert_chunks(db_url, 1, 1_500)
-        assert run_pgrag("embed", env=env).returncode == 0
-        r = run_pgrag("reindex", "--m", "2", "--ef-construction", "4", "--no-tune", env=env)
-        assert r.returncode == 0, r.stderr
+    lines: list[str] = []
+    with _outgrown_store(db_url) as (env, embedder):
         with psycopg.connect(db_url, autocommit=True) as conn:
             conn.execute("set role pgrag_writer")
             behind = filter_index.graph_behind(conn)
             assert behind is not None and not behind.can_rebuild
             assert (behind.current, behind.wanted) == ((2, 4), (16, 64))
         # the worker as the writer role: measured, nothing rebuilt, the owner's command said
-        _insert_chunks(db_url, 10_000, 1_600)
-        lines: list[str] = []
         with Worker(db_url, embedder, notice=lines.append) as w:
             w.conn.execute("set role pgrag_writer")
             assert w.drain().written == 1_600
@@ -376,54 +380,49 @@ def test_a_worker_that_does_not_own_the_store_says_who_can_rebuild_it(db_url: st
             assert w.last_tune is not None and w.last_tune.chosen is None
             w.join_reindex()
         assert lines == []
-    finally:
-        fake.close()
+        out = run_pgrag("status", env=env)
     with psycopg.connect(db_url) as conn:
         assert conn.execute(_GRAPH).fetchone() == (2, 4)
-    out = run_pgrag("status", env={"PGRAG_DATABASE_URL": db_url})
     assert (
         "`pgrag reindex` rebuilds it for the store's size (m 16, ef_construction 64), as "
         "`pgrag worker` does when it owns the store" in out.stdout
     ), out.stdout
 
 
+def _store_index_valid(url: str, name: str) -> bool:
+    with psycopg.connect(url) as c:
+        row = c.execute(
+            "select x.indisvalid from pg_index x where x.indexrelid = to_regclass(%s)",
+            (f"pgrag.{name}",),
+        ).fetchone()
+    return bool(row and row[0])
+
+
 def test_stopping_the_worker_cancels_its_rebuild_and_keeps_the_old_index(db_url: str) -> None:
-    from pgrag.embed.openai import OpenAIEmbedder
     from pgrag.worker import Worker
 
     from .conftest import wait_for
 
-    fake = FakeEmbeddings()
-    env = {"PGRAG_DATABASE_URL": db_url, **fake.env()}
-    embedder = OpenAIEmbedder("fake-embed", base_url=fake.base_url, dimensions=DIM)
-    try:
-        _insert_chunks(db_url, 1, 1_500)
-        assert run_pgrag("embed", env=env).returncode == 0
-        r = run_pgrag("reindex", "--m", "2", "--ef-construction", "4", "--no-tune", env=env)
-        assert r.returncode == 0, r.stderr
-        _insert_chunks(db_url, 10_000, 1_600)
-        lines: list[str] = []
-        with psycopg.connect(db_url) as writer, Worker(db_url, embedder, notice=lines.append) as w:
-            # a transaction writing the chunks holds the concurrent build at its start
-            writer.execute("update pgrag.chunks set updated_at = updated_at where id = 1")
-            assert w.drain().written == 1_600
-            wait_for(lambda: len(lines) == 1, "the worker started its rebuild")
-            w.stop.set()
-            wait_for(lambda: len(lines) == 2, "the worker said what became of its rebuild")
-            writer.rollback()
-            w.join_reindex()
-    finally:
-        fake.close()
+    lines: list[str] = []
+    with (
+        _outgrown_store(db_url) as (_, embedder),
+        psycopg.connect(db_url) as writer,
+        Worker(db_url, embedder, notice=lines.append) as w,
+    ):
+        # a transaction writing the chunks holds the concurrent build at its start
+        writer.execute("update pgrag.chunks set updated_at = updated_at where id = 1")
+        assert w.drain().written == 1_600
+        wait_for(lambda: len(lines) == 1, "the worker started its rebuild")
+        w.stop.set()
+        wait_for(lambda: len(lines) == 2, "the worker said what became of its rebuild")
+        writer.rollback()
+        w.join_reindex()
     assert lines[1] == (
         "pgrag: store index rebuild stopped with the worker: the old index stays as it was"
     ), lines
     with psycopg.connect(db_url) as conn:
         assert conn.execute(_GRAPH).fetchone() == (2, 4)
-        valid = conn.execute(
-            "select x.indisvalid from pg_index x "
-            "where x.indexrelid = 'pgrag.chunks_embedding_hnsw'::regclass"
-        ).fetchone()
-        assert valid == (True,)
+    assert _store_index_valid(db_url, "chunks_embedding_hnsw")
 
 
 def test_a_stop_while_the_old_index_is_dropped_keeps_the_new_one_for_the_next_start(
@@ -432,30 +431,15 @@ def test_a_stop_while_the_old_index_is_dropped_keeps_the_new_one_for_the_next_st
     # a transaction left open on the chunks holds the drop of the old index without end: the
     # worker's stop must not wait for it; the new index, built, stays and the next start of
     # a worker swaps it in
-    from pgrag.embed.openai import OpenAIEmbedder
     from pgrag.worker import Worker
 
     from .conftest import wait_for
 
-    fake = FakeEmbeddings()
-    env = {"PGRAG_DATABASE_URL": db_url, **fake.env()}
-    embedder = OpenAIEmbedder("fake-embed", base_url=fake.base_url, dimensions=DIM)
-
     def new_index_valid() -> bool:
-        with psycopg.connect(db_url) as c:
-            row = c.execute(
-                "select x.indisvalid from pg_index x "
-                "where x.indexrelid = to_regclass('pgrag.chunks_embedding_hnsw_new')"
-            ).fetchone()
-        return bool(row and row[0])
+        return _store_index_valid(db_url, "chunks_embedding_hnsw_new")
 
-    try:
-        _insert_chunks(db_url, 1, 1_500)
-        assert run_pgrag("embed", env=env).returncode == 0
-        r = run_pgrag("reindex", "--m", "2", "--ef-construction", "4", "--no-tune", env=env)
-        assert r.returncode == 0, r.stderr
-        _insert_chunks(db_url, 10_000, 1_600)
-        lines: list[str] = []
+    lines: list[str] = []
+    with _outgrown_store(db_url) as (env, embedder):
         with psycopg.connect(db_url) as reader, Worker(db_url, embedder, notice=lines.append) as w:
             # a lock on the chunks, no snapshot held: the build does not wait for it, the drop
             # of the old index does
@@ -490,12 +474,10 @@ def test_a_stop_while_the_old_index_is_dropped_keeps_the_new_one_for_the_next_st
             "the old one: swapping it in"
         ), lines
         assert lines[1].startswith("pgrag: store index swapped in ("), lines
-    finally:
-        fake.close()
     with psycopg.connect(db_url) as conn:
         assert conn.execute(_GRAPH).fetchone() == (16, 64)
-        assert not new_index_valid()
         assert conn.execute(
             "select count(*) from pg_index x join pg_class i on i.oid = x.indexrelid "
             "where x.indrelid = 'pgrag.chunks'::regclass and i.relname like 'chunks_embedding%'"
         ).fetchone() == (1,)
+    assert not new_index_valid()
