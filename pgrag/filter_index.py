@@ -324,6 +324,39 @@ def graph_behind(conn: psycopg.Connection[Any]) -> GraphBehind | None:
     return GraphBehind(int(row[2]), current, wanted, unfinished, bool(row[4]), bool(row[5]))
 
 
+_REBUILD_STATE: LiteralString = """
+select x.indisvalid,
+       (select p.phase || coalesce(': ' || round(100.0 * p.blocks_done
+                                                 / nullif(p.blocks_total, 0))::text || '%', '')
+          from pg_stat_progress_create_index p
+         where p.index_relid = x.indexrelid
+           and p.datid = (select oid from pg_database where datname = current_database()))
+from pg_index x
+where x.indexrelid = to_regclass('pgrag.chunks_embedding_hnsw_new')
+"""
+
+
+def rebuild_state(conn: psycopg.Connection[Any]) -> str | None:
+    """A rebuild of the store index under way or left unfinished, in words (``pgrag status``);
+    None when there is none."""
+    with conn.transaction():
+        row = conn.execute(_REBUILD_STATE).fetchone()
+    if row is None:
+        return None
+    if row[1] is not None:
+        return f"being rebuilt ({row[1]}); searches use the old graph meanwhile"
+    if row[0]:
+        return (
+            f"a rebuilt index ({NEW_STORE_INDEX}) waits beside the old one: the next "
+            "`pgrag reindex`, or a worker when it starts, swaps it in"
+        )
+    # (a role without pg_read_all_stats sees no other role's build progress)
+    return (
+        f"{NEW_STORE_INDEX} is not built yet: being built by a session whose progress this role "
+        "cannot see, or left by a build that died (the next `pgrag reindex` builds it again)"
+    )
+
+
 def choose_graph(
     vectors: int, current: tuple[int, int], m: int | None, ef_construction: int | None
 ) -> tuple[int, int]:

@@ -413,6 +413,8 @@ def test_stopping_the_worker_cancels_its_rebuild_and_keeps_the_old_index(db_url:
         writer.execute("update pgrag.chunks set updated_at = updated_at where id = 1")
         assert w.drain().written == 1_600
         wait_for(lambda: len(lines) == 1, "the worker started its rebuild")
+        status = run_pgrag("status", env={"PGRAG_DATABASE_URL": db_url})
+        assert "store index: being rebuilt (" in status.stdout, status.stdout
         w.stop.set()
         wait_for(lambda: len(lines) == 2, "the worker said what became of its rebuild")
         writer.rollback()
@@ -461,6 +463,11 @@ def test_a_stop_while_the_old_index_is_dropped_keeps_the_new_one_for_the_next_st
             "one: chunks_embedding_hnsw_new is built and serves searches beside the old one"
         ), lines
         assert new_index_valid()
+        status = run_pgrag("status", env=env)
+        assert (
+            "store index: a rebuilt index (chunks_embedding_hnsw_new) waits beside the old one"
+            in status.stdout
+        ), status.stdout
         # a conversion of the store waits for the rebuild to be finished
         r = run_pgrag("db", "upgrade", "--tenant-partitions", "2", env=env)
         assert r.returncode == 2, r.stdout + r.stderr

@@ -678,6 +678,12 @@ def status(state: _State) -> None:
         if line:
             click.echo(line)
         click.echo(f"store:      {store_line(st.store)}")
+        from pgrag.filter_index import rebuild_state
+
+        with client.connection() as conn:
+            rebuilding = rebuild_state(conn)
+        if rebuilding is not None:
+            click.echo(f"store index: {rebuilding}")
 
 
 def _denser(client: Client, st: StoreStatus, vectors: int) -> str:
