@@ -85,7 +85,9 @@ DEFAULT_HNSW_EF_CONSTRUCTION = 64
 # (docs/benchmarks.md). Between them nothing was measured: the threshold is halfway.
 DENSE_GRAPH_FROM = 500_000
 # pgvector's bounds for an HNSW index's m and ef_construction (its hnsw.c: HNSW_MAX_M,
-# HNSW_MAX_EF_CONSTRUCTION); the CLI's options and `pgrag status`'s advice keep within them
+# HNSW_MAX_EF_CONSTRUCTION); the CLI's options and `pgrag status`'s advice keep within them,
+# before any I/O; on the server pgrag._store_index_plan checks them (the same numbers) for SQL
+# callers
 MIN_HNSW_M, MAX_HNSW_M = 2, 100
 MIN_HNSW_EF_CONSTRUCTION, MAX_HNSW_EF_CONSTRUCTION = 4, 1000
 DENSE_HNSW_M = 32
