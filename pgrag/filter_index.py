@@ -284,8 +284,7 @@ select s.hnsw_m, s.hnsw_ef_construction, pgrag._vectors() as vectors,
        (select x.indisvalid from pg_index x
          where x.indexrelid = to_regclass('pgrag.chunks_embedding_hnsw_new')) as new_valid,
        (select pg_has_role(c.relowner, 'USAGE') from pg_class c
-         where c.oid = 'pgrag.chunks'::regclass) as owner,
-       pgrag._store_partitioned() as partitioned
+         where c.oid = 'pgrag.chunks'::regclass) as owner
 from pgrag.settings s
 """
 
@@ -295,19 +294,13 @@ class GraphBehind:
     """The store index against its size's graph (``graph_behind``): the vectors, the current
     and the wanted (m, ef_construction), whether a rebuild finished its new index but not the
     swap (``unfinished``: a valid chunks_embedding_hnsw_new, which the next rebuild swaps in),
-    whether this role owns pgrag.chunks, and whether the store is partitioned (``pgrag
-    reindex`` refuses one)."""
+    and whether this role owns pgrag.chunks (only the owner rebuilds it)."""
 
     vectors: int
     current: tuple[int, int]
     wanted: tuple[int, int]
     unfinished: bool
     owner: bool
-    partitioned: bool
-
-    @property
-    def can_rebuild(self) -> bool:
-        return self.owner and not self.partitioned
 
 
 def graph_behind(conn: psycopg.Connection[Any]) -> GraphBehind | None:
@@ -321,17 +314,27 @@ def graph_behind(conn: psycopg.Connection[Any]) -> GraphBehind | None:
     unfinished = bool(row[3])
     if wanted == current and not unfinished:
         return None
-    return GraphBehind(int(row[2]), current, wanted, unfinished, bool(row[4]), bool(row[5]))
+    return GraphBehind(int(row[2]), current, wanted, unfinished, bool(row[4]))
 
 
 _REBUILD_STATE: LiteralString = """
 select x.indisvalid,
        (select p.phase || coalesce(': ' || round(100.0 * p.blocks_done
                                                  / nullif(p.blocks_total, 0))::text || '%', '')
+               || case when parts.n > 0
+                       then format(', partition %s of %s', parts.attached + 1, parts.n)
+                       else '' end
           from pg_stat_progress_create_index p
-         where p.index_relid = x.indexrelid
-           and p.datid = (select oid from pg_database where datname = current_database()))
-from pg_index x
+         where (p.index_relid = x.indexrelid  -- (a partition's: named after the parent's oid)
+                or p.index_relid in (select c.oid from pg_class c
+                                      where c.relname like '%\\_hnsw\\_' || x.indexrelid))
+           and p.datid = (select oid from pg_database where datname = current_database())
+         limit 1)
+from pg_index x,
+     lateral (select (select count(*) from pg_inherits h
+                       where h.inhparent = 'pgrag.chunks'::regclass) as n,
+                     (select count(*) from pg_inherits h
+                       where h.inhparent = x.indexrelid) as attached) parts
 where x.indexrelid = to_regclass('pgrag.chunks_embedding_hnsw_new')
 """
 
@@ -396,13 +399,23 @@ def rebuild_store_index(
         m, ef_construction = choose_graph(vectors, prev, m, ef_construction)
         with mapped_database_errors():  # PR006: a graph pgvector refuses, or not the owner
             p = conn.execute(
-                "select create_ddl, drop_ddl, drop_new_ddl from pgrag._store_index_plan(%s, %s)",
+                "select create_ddl, drop_ddl, drop_new_ddl, partitioned "
+                "from pgrag._store_index_plan(%s, %s)",
                 (m, ef_construction),
             ).fetchone()
         assert p is not None
-        create, drop_old, drop_new = (str(x).encode() for x in p)
+        create, drop_old, drop_new = (str(x).encode() for x in p[:3])
         finished_earlier = bool(new_valid)  # built by a run that died: swapped in as it is
-        if not finished_earlier:
+        if p[3]:  # partitioned: partition by partition, the old index dropped in one statement
+            if not finished_earlier:
+                set_maintenance_work_mem(conn, maintenance_work_mem)
+                # the parent's (ON ONLY: invalid until each partition's is attached)
+                _short_locks(conn, create, should_stop, "before the new store index was begun")
+                _build_partitions(url, conn, progress, should_stop)
+            if progress is not None:
+                progress("dropping the old index (waits for a lock on each partition)", 0, 1)
+            _short_locks(conn, drop_old, should_stop, _KEPT)
+        elif not finished_earlier:
             if new_valid is not None:  # half built by a run that died
                 _drop_stoppable(url, conn, drop_new, should_stop, "before rebuilding it")
             set_maintenance_work_mem(conn, maintenance_work_mem)
@@ -418,13 +431,14 @@ def rebuild_store_index(
                     "the next `pgrag reindex` drops it",
                     "run `pgrag reindex` again",
                 )
-        if progress is not None:
-            progress("dropping the old index (waits for open transactions)", 0, 1)
-        _drop_stoppable(url, conn, drop_old, should_stop, _KEPT)
+        if not p[3]:
+            if progress is not None:
+                progress("dropping the old index (waits for open transactions)", 0, 1)
+            _drop_stoppable(url, conn, drop_old, should_stop, _KEPT)
         swapped = conn.execute("select * from pgrag._store_index_swap()").fetchone()
         assert swapped is not None
         if progress is not None:
-            progress("dropping the old index (waits for open transactions)", 1, 1)
+            progress("dropping the old index", 1, 1)
     return StoreIndexRebuild(
         m=int(swapped[0]),
         ef_construction=int(swapped[1]),
@@ -434,6 +448,91 @@ def rebuild_store_index(
         size_bytes=int(swapped[2]),
         finished_earlier=finished_earlier,
     )
+
+
+_PARTITION_PLAN: LiteralString = (
+    "select partition_name, index_name, state, create_ddl, drop_ddl, attach_ddl "
+    "from pgrag._store_index_partition_plan()"
+)
+
+
+def _build_partitions(
+    url: str,
+    conn: psycopg.Connection[Any],
+    progress: Callable[[str, int, int], None] | None,
+    should_stop: Callable[[], bool] | None,
+) -> None:
+    """A partitioned store's new index, partition by partition: each partition's graph built
+    concurrently, then attached to the parent's (pgrag._store_index_partition_plan). A run
+    that stops or fails leaves the partitions done attached: the next one goes on from there."""
+    todo = conn.execute(_PARTITION_PLAN).fetchall()
+    for i, (part, name, state, create, drop, attach) in enumerate(todo, 1):
+        if should_stop is not None and should_stop():
+            raise IndexBuildFailed(
+                f"stopped before the new store index was built on partition {part} ({i - 1} of "
+                f"{len(todo)} built); the old index serves searches, and the next `pgrag "
+                "reindex`, or the worker, goes on from there"
+            )
+
+        def shown(phase: str, done: int, total: int, part: str = part, i: int = i) -> None:
+            assert progress is not None
+            progress(f"{part} ({i}/{len(todo)}): {phase}", done, total)
+
+        if state == "invalid":  # a build that died on it
+            _drop_stoppable(url, conn, str(drop).encode(), should_stop, "before rebuilding it")
+        if state != "built":
+            try:
+                _run_with_progress(
+                    url,
+                    conn,
+                    str(create).encode(),
+                    None if progress is None else shown,
+                    should_stop,
+                )
+            except BaseException as exc:
+                _build_failed(
+                    conn,
+                    exc,
+                    str(name),
+                    f"rebuilding the store index on partition {part}",
+                    "the old index serves searches; the partitions done so far keep their new "
+                    "graphs",
+                    "the next `pgrag reindex` drops it",
+                    "run `pgrag reindex` again: it goes on from this partition",
+                )
+        _short_locks(
+            conn,
+            str(attach).encode(),
+            should_stop,
+            f"before the new store index was attached on partition {part}; the next `pgrag "
+            "reindex`, or the worker, goes on from there",
+        )
+
+
+def _short_locks(
+    conn: psycopg.Connection[Any],
+    statement: bytes,
+    should_stop: Callable[[], bool] | None,
+    stopped: str,
+) -> None:
+    """Run a statement that takes the chunks' locks for a moment (a partitioned store's new
+    parent index, a partition's graph attached to it, the old index dropped: no CONCURRENTLY
+    for a partitioned index, so the drop takes every partition's ACCESS EXCLUSIVE lock). Each
+    try waits at most a second for its locks (reads and writes queue behind a waiting lock: a
+    transaction left open would otherwise stall every search); between tries, ``should_stop``
+    (IndexBuildFailed "stopped <stopped>")."""
+    conn.execute("select set_config('lock_timeout', '1s', false)")
+    try:
+        while True:
+            if should_stop is not None and should_stop():
+                raise IndexBuildFailed(f"stopped {stopped}")
+            try:
+                conn.execute(statement)
+                return
+            except psycopg.errors.LockNotAvailable:
+                continue
+    finally:
+        conn.execute("select set_config('lock_timeout', '0', false)")
 
 
 _KEPT = (

@@ -572,13 +572,6 @@ class Worker:
                 f"rebuilding it with m {want_m}, ef_construction {want_efc}, concurrently "
                 "(searches and writes go on"
             )
-        if behind.partitioned:
-            self.notice(
-                f"pgrag: {what}; the store is partitioned by tenant, which `pgrag reindex` does "
-                "not rebuild: `pgrag db upgrade --tenant-partitions none`, then again with list "
-                "or N, rebuilds every graph (docs/scaling.md)"
-            )
-            return
         if not behind.owner:
             self.notice(
                 f"pgrag: {what}: `pgrag reindex`, as the owner of pgrag.chunks, "

@@ -22,10 +22,10 @@ from pgvector.psycopg import register_vector
 
 from pgrag import migrate
 from pgrag.cli.main import cli
-from pgrag.errors import ConfigError, PgragError
+from pgrag.errors import ConfigError, IndexBuildFailed, PgragError
 
 from . import search_plan
-from .conftest import TestServer
+from .conftest import TestServer, run_pgrag
 from .test_security import (  # noqa: F401  (the property runs on this module's crm)
     READER,
     TENANTS,
@@ -273,31 +273,64 @@ def test_what_builds_concurrently_is_refused_on_a_partitioned_store(crm: Crm) ->
     from click.testing import CliRunner
 
     runner = CliRunner()
-    for args in (["reindex"], ["filter-index", "add", json.dumps({"status": "open"})]):
+    for args in (["filter-index", "add", json.dumps({"status": "open"})],):
         got = runner.invoke(cli, ["--database-url", crm.url, *args])
         assert got.exit_code == 2, got.output
         assert "partitioned by tenant" in got.output and "Traceback" not in got.output
 
 
-def test_the_worker_does_not_rebuild_a_partitioned_stores_graph_but_says_how(crm: Crm) -> None:
-    from pgrag import filter_index
-    from pgrag.embed.openai import OpenAIEmbedder
-    from pgrag.worker import Worker
+_GRAPHS = (
+    "select p.relname, i.reloptions::text from pg_inherits h "
+    "join pg_class p on p.oid = h.inhrelid "
+    "join pg_index x on x.indrelid = p.oid join pg_class i on i.oid = x.indexrelid "
+    "join pg_inherits hi on hi.inhrelid = x.indexrelid "
+    "where h.inhparent = 'pgrag.chunks'::regclass "
+    "and hi.inhparent = 'pgrag.chunks_embedding_hnsw'::regclass order by 1"
+)
 
-    with psycopg.connect(crm.url, autocommit=True) as conn:
-        conn.execute("update pgrag.settings set hnsw_m = 2, hnsw_ef_construction = 4")
-        try:
-            behind = filter_index.graph_behind(conn)
-            assert behind is not None and behind.partitioned and not behind.can_rebuild
-            lines: list[str] = []
-            embedder = OpenAIEmbedder("unused", base_url="http://127.0.0.1:9", dimensions=8)
-            with Worker(crm.url, embedder, notice=lines.append) as w:
-                w._maybe_reindex()
-                w.join_reindex()
-        finally:
-            conn.execute("update pgrag.settings set hnsw_m = 16, hnsw_ef_construction = 64")
-    assert len(lines) == 1 and "the store is partitioned by tenant" in lines[0], lines
-    assert "`pgrag db upgrade --tenant-partitions none`" in lines[0]
+
+def test_reindex_rebuilds_every_partitions_graph_and_goes_on_where_a_run_stopped(
+    crm: Crm,
+) -> None:
+    from pgrag import filter_index
+
+    with psycopg.connect(crm.url) as conn:
+        partitions = [r[0] for r in conn.execute(_GRAPHS).fetchall()]
+    assert len(partitions) >= 3
+    # a run stopped after its first partition: the parent and that graph are kept
+
+    def after_the_first() -> bool:
+        with psycopg.connect(crm.url) as c:
+            row = c.execute(
+                "select count(*) from pg_inherits "
+                "where inhparent = to_regclass('pgrag.chunks_embedding_hnsw_new')"
+            ).fetchone()
+        return bool(row and row[0] >= 1)
+
+    with pytest.raises(IndexBuildFailed, match="stopped before the new store index was built"):
+        filter_index.rebuild_store_index(
+            crm.url, m=8, ef_construction=32, should_stop=after_the_first
+        )
+    env = {"PGRAG_DATABASE_URL": crm.url}
+    status = run_pgrag("status", env=env)
+    assert "store index: chunks_embedding_hnsw_new is not built yet" in status.stdout, status.stdout
+    try:
+        r = run_pgrag("reindex", "--m", "8", "--ef-construction", "32", "--no-tune", env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "m 8, ef_construction 32 (was 16, 64)" in r.stdout, r.stdout
+        with psycopg.connect(crm.url) as conn:
+            graphs = conn.execute(_GRAPHS).fetchall()
+            assert [g[0] for g in graphs] == partitions
+            assert all("m=8" in g[1] and "ef_construction=32" in g[1] for g in graphs), graphs
+            assert conn.execute(
+                "select hnsw_m, hnsw_ef_construction, "
+                "to_regclass('pgrag.chunks_embedding_hnsw_new') is null from pgrag.settings"
+            ).fetchone() == (8, 32, True)
+        # a tenant's search still reads its own partition
+        assert len(_mentioned(_explain(crm.url, "acme", ["crm_ticket"]))) == 1
+    finally:
+        r = run_pgrag("reindex", "--m", "16", "--ef-construction", "64", "--no-tune", env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_bad_shapes_are_refused_before_anything_runs(crm: Crm) -> None:

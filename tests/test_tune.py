@@ -360,7 +360,7 @@ def test_a_worker_that_does_not_own_the_store_says_who_can_rebuild_it(db_url: st
         with psycopg.connect(db_url, autocommit=True) as conn:
             conn.execute("set role pgrag_writer")
             behind = filter_index.graph_behind(conn)
-            assert behind is not None and not behind.can_rebuild
+            assert behind is not None and not behind.owner
             assert (behind.current, behind.wanted) == ((2, 4), (16, 64))
         # the worker as the writer role: measured, nothing rebuilt, the owner's command said
         with Worker(db_url, embedder, notice=lines.append) as w:

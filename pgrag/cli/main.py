@@ -21,7 +21,7 @@ from pgrag.cli.options import CONTEXT_SETTINGS, Group, print_rebuild, rebuild_pr
 from pgrag.errors import EXIT_CODES, NotMigrated, PgragError, ServerError
 
 if TYPE_CHECKING:
-    from pgrag.db import Client, StoreStatus
+    from pgrag.db import Client
     from pgrag.documents import Mismatch
 
 # A missing schema, table, column, function or type (invalid_schema_name, undefined_table,
@@ -668,7 +668,7 @@ def status(state: _State) -> None:
                 if t["ef_search"] is not None
                 else f"no ef_search reached {t['target']:g}: searches use "
                 f"{t['best_ef_search']}, the best the index graph gives ({t['recall']:.3f}); "
-                + _denser(client, st, t["chunks"])
+                + _denser(client, t["chunks"])
             )
             click.echo(
                 f"recall:     {chosen}, measured {str(t['measured_at'])[:16].replace('T', ' ')} at "
@@ -686,17 +686,12 @@ def status(state: _State) -> None:
             click.echo(f"store index: {rebuilding}")
 
 
-def _denser(client: Client, st: StoreStatus, vectors: int) -> str:
+def _denser(client: Client, vectors: int) -> str:
     """What rebuilds a graph that stops short of the recall target: the store size's graph
     (`pgrag reindex`, and the worker), or, when the graph is that already, a denser one (within
-    pgvector's limits); a partitioned store, converted again."""
+    pgvector's limits)."""
     from pgrag.filter_index import choose_graph
 
-    if st.store:
-        return (
-            "the store is partitioned by tenant: `pgrag db upgrade --tenant-partitions none`, then "
-            "again with list or N, rebuilds its graphs (docs/scaling.md)"
-        )
     s = client.settings()
     current = (s.hnsw_m, s.hnsw_ef_construction)
     m, efc = choose_graph(vectors, current, None, None)

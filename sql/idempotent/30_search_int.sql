@@ -566,9 +566,8 @@ begin
             message = format('%s is built concurrently on one table, and the chunk store is '
                              'partitioned by tenant (PostgreSQL builds no index concurrently on '
                              'a partitioned table)', what),
-            hint = 'a tenant''s search already walks its own partition''s graph; to rebuild the '
-                   'graphs with other parameters, `pgrag db upgrade --tenant-partitions none`, '
-                   'then again with list or N (docs/scaling.md)';
+            hint = 'a tenant''s search already walks its own partition''s graph; `pgrag '
+                   'reindex` rebuilds those graphs, partition by partition (docs/scaling.md)';
     end if;
 end
 $$;
@@ -675,16 +674,27 @@ comment on function pgrag._filter_index_plan(jsonb) is
     'The CREATE INDEX and COMMENT of a filter index, its predicate compiled as a search compiles it';
 
 
+select pgrag._drop_if_changed(
+    to_regprocedure('pgrag._store_index_plan(integer, integer)'), 'record',
+    'm integer, ef_construction integer, OUT create_ddl text, OUT drop_ddl text, '
+    'OUT drop_new_ddl text, OUT partitioned boolean');
+
 create or replace function pgrag._store_index_plan(m integer, ef_construction integer,
                                                    out create_ddl text, out drop_ddl text,
-                                                   out drop_new_ddl text)
+                                                   out drop_new_ddl text,
+                                                   out partitioned boolean)
 language plpgsql stable security invoker
 set search_path = pg_catalog, pg_temp
 as $$
 -- The DDL of a rebuild of the store's HNSW index with other graph parameters (pgrag/
 -- filter_index.py runs it, concurrently, which a function cannot): the new index is built
 -- beside the old one as chunks_embedding_hnsw_new, then the old one dropped and the new one
--- renamed (pgrag._store_index_swap).
+-- renamed (pgrag._store_index_swap). A partitioned store (docs/scaling.md): PostgreSQL builds
+-- no index concurrently on a partitioned table, so the new index is made on the parent alone
+-- (ON ONLY: invalid, no graph), each partition's graph built concurrently and attached to it
+-- (pgrag._store_index_partition_plan), and it is valid once every partition's is; the old one
+-- is then dropped in one short statement (no DROP INDEX CONCURRENTLY on a partitioned index:
+-- it takes each partition's ACCESS EXCLUSIVE lock for the time of the drop).
 declare
     vs name;
     owner regrole := (select c.relowner::regrole from pg_class c
@@ -696,8 +706,7 @@ begin
                              '%s is not', owner, current_user),
             hint = format('connect as %s, the role that ran `pgrag db upgrade`', owner);
     end if;
-    perform pgrag._refuse_partitioned_store('`pgrag reindex`');
-    perform pgrag._check_range('m', m, 2, 100);  -- pgvector's limits
+    perform pgrag._check_range('m', m, 2, 100);  -- pgvector's limits (config.MAX_HNSW_*)
     perform pgrag._check_range('ef_construction', ef_construction, 4, 1000);
     if ef_construction < 2 * m then
         raise exception using errcode = 'PR006',
@@ -707,6 +716,15 @@ begin
     select n.nspname into strict vs
       from pg_extension e join pg_namespace n on n.oid = e.extnamespace
      where e.extname = 'vector';
+    partitioned := pgrag._store_partitioned();
+    if partitioned then
+        create_ddl := format('create index if not exists chunks_embedding_hnsw_new on only '
+                             'pgrag.chunks using hnsw (embedding %I.vector_cosine_ops) '
+                             'with (m = %s, ef_construction = %s)', vs, m, ef_construction);
+        drop_ddl := 'drop index if exists pgrag.chunks_embedding_hnsw';
+        drop_new_ddl := 'drop index if exists pgrag.chunks_embedding_hnsw_new';
+        return;
+    end if;
     create_ddl := format('create index concurrently chunks_embedding_hnsw_new on pgrag.chunks '
                          'using hnsw (embedding %I.vector_cosine_ops) '
                          'with (m = %s, ef_construction = %s)', vs, m, ef_construction);
@@ -717,6 +735,65 @@ $$;
 
 comment on function pgrag._store_index_plan(integer, integer) is
     'The DDL of a rebuild of the store''s HNSW index (built beside it, then swapped)';
+
+
+select pgrag._drop_if_changed(to_regprocedure('pgrag._store_index_partition_plan()'),
+                              'TABLE(partition_name text, index_name text, state text, '
+                              'create_ddl text, drop_ddl text, attach_ddl text)');
+
+create or replace function pgrag._store_index_partition_plan()
+returns table (partition_name text, index_name text, state text, create_ddl text,
+               drop_ddl text, attach_ddl text)
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+-- A partitioned store's rebuild (pgrag._store_index_plan), partition by partition: each
+-- partition whose graph is not yet attached to the new parent index chunks_embedding_hnsw_new,
+-- and what it needs: 'missing' (build it concurrently, then attach), 'invalid' (a build that
+-- died: drop it, build, attach) or 'built' (attach). The graph's parameters are the parent's;
+-- the name carries the parent's oid, so a rebuild's names never meet the graphs they replace,
+-- and one that died is taken up where it stopped.
+declare
+    parent oid := to_regclass('pgrag.chunks_embedding_hnsw_new');
+    vs name;
+    opts text;
+begin
+    if parent is null then
+        return;
+    end if;
+    select n.nspname into strict vs
+      from pg_extension e join pg_namespace n on n.oid = e.extnamespace
+     where e.extname = 'vector';
+    select array_to_string(c.reloptions, ', ') into strict opts
+      from pg_class c where c.oid = parent;
+    return query
+    with parts as (
+        select p.oid, p.relname,
+               format('%s_hnsw_%s', left(p.relname, 40), parent) as child
+          from pg_inherits h join pg_class p on p.oid = h.inhrelid
+         where h.inhparent = 'pgrag.chunks'::regclass
+           and not exists (  -- (attached already)
+               select from pg_inherits hi join pg_index x on x.indexrelid = hi.inhrelid
+                where hi.inhparent = parent and x.indrelid = p.oid))
+    select parts.relname::text, parts.child,
+           case when x.indexrelid is null then 'missing'
+                when not x.indisvalid then 'invalid' else 'built' end,
+           format('create index concurrently %I on pgrag.%I using hnsw '
+                  '(embedding %I.vector_cosine_ops) with (%s)', parts.child, parts.relname, vs,
+                  opts),
+           format('drop index concurrently if exists pgrag.%I', parts.child),
+           format('alter index pgrag.chunks_embedding_hnsw_new attach partition pgrag.%I',
+                  parts.child)
+      from parts
+      left join pg_class ci on ci.relname = parts.child
+                          and ci.relnamespace = 'pgrag'::regnamespace
+      left join pg_index x on x.indexrelid = ci.oid
+     order by parts.relname;
+end
+$$;
+
+comment on function pgrag._store_index_partition_plan() is
+    'A partitioned store''s rebuild: each partition''s graph still to build and attach';
 
 
 create or replace function pgrag._store_index_swap(out m integer, out ef_construction integer,
@@ -740,7 +817,9 @@ begin
     select coalesce(max(o.option_value) filter (where o.option_name = 'm'), '16')::int,
            coalesce(max(o.option_value) filter (where o.option_name = 'ef_construction'),
                     '64')::int,
-           pg_relation_size(c.oid)
+           coalesce((select sum(pg_relation_size(t.relid))::bigint
+                       from pg_partition_tree(c.oid) t),  -- (a partitioned index: its parts')
+                    pg_relation_size(c.oid))
       into m, ef_construction, size_bytes
       from pg_class c left join lateral pg_options_to_table(c.reloptions) o on true
      where c.oid = 'pgrag.chunks_embedding_hnsw_new'::regclass
