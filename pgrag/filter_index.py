@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, LiteralString, NoReturn
@@ -284,7 +285,14 @@ select s.hnsw_m, s.hnsw_ef_construction, pgrag._vectors() as vectors,
        (select x.indisvalid from pg_index x
          where x.indexrelid = to_regclass('pgrag.chunks_embedding_hnsw_new')) as new_valid,
        (select pg_has_role(c.relowner, 'USAGE') from pg_class c
-         where c.oid = 'pgrag.chunks'::regclass) as owner
+         where c.oid = 'pgrag.chunks'::regclass) as owner,
+       pgrag._store_partitioned() as partitioned,
+       (select o.option_value from pg_class c, pg_options_to_table(c.reloptions) o
+         where c.oid = to_regclass('pgrag.chunks_embedding_hnsw_new')
+           and o.option_name = 'm') as new_m,
+       (select o.option_value from pg_class c, pg_options_to_table(c.reloptions) o
+         where c.oid = to_regclass('pgrag.chunks_embedding_hnsw_new')
+           and o.option_name = 'ef_construction') as new_ef_construction
 from pgrag.settings s
 """
 
@@ -292,15 +300,17 @@ from pgrag.settings s
 @dataclass(frozen=True)
 class GraphBehind:
     """The store index against its size's graph (``graph_behind``): the vectors, the current
-    and the wanted (m, ef_construction), whether a rebuild finished its new index but not the
-    swap (``unfinished``: a valid chunks_embedding_hnsw_new, which the next rebuild swaps in),
-    and whether this role owns pgrag.chunks (only the owner rebuilds it)."""
+    and the wanted (m, ef_construction), whether a rebuild left its work unfinished
+    (``unfinished``: a valid chunks_embedding_hnsw_new, which the next rebuild swaps in, or on
+    a partitioned store a partly built one, which it goes on with: ``partial``), and whether
+    this role owns pgrag.chunks (only the owner rebuilds it)."""
 
     vectors: int
     current: tuple[int, int]
     wanted: tuple[int, int]
     unfinished: bool
     owner: bool
+    partial: bool = False
 
 
 def graph_behind(conn: psycopg.Connection[Any]) -> GraphBehind | None:
@@ -311,10 +321,11 @@ def graph_behind(conn: psycopg.Connection[Any]) -> GraphBehind | None:
     assert row is not None
     current = (int(row[0]), int(row[1]))
     wanted = choose_graph(int(row[2]), current, None, None)
-    unfinished = bool(row[3])
+    partial = row[3] is False and bool(row[5])  # (a partitioned store's: gone on with)
+    unfinished = bool(row[3]) or partial
     if wanted == current and not unfinished:
         return None
-    return GraphBehind(int(row[2]), current, wanted, unfinished, bool(row[4]))
+    return GraphBehind(int(row[2]), current, wanted, unfinished, bool(row[4]), partial)
 
 
 _REBUILD_STATE: LiteralString = """
@@ -327,7 +338,8 @@ select x.indisvalid,
           from pg_stat_progress_create_index p
          where (p.index_relid = x.indexrelid  -- (a partition's: named after the parent's oid)
                 or p.index_relid in (select c.oid from pg_class c
-                                      where c.relname like '%\\_hnsw\\_' || x.indexrelid))
+                                      where c.relname like 'chunks\\_hnsw\\_'
+                                                           || x.indexrelid || '\\_%'))
            and p.datid = (select oid from pg_database where datname = current_database())
          limit 1)
 from pg_index x,
@@ -356,7 +368,8 @@ def rebuild_state(conn: psycopg.Connection[Any]) -> str | None:
     # (a role without pg_read_all_stats sees no other role's build progress)
     return (
         f"{NEW_STORE_INDEX} is not built yet: being built by a session whose progress this role "
-        "cannot see, or left by a build that died (the next `pgrag reindex` builds it again)"
+        "cannot see, or left by a build that stopped (the next `pgrag reindex`, or a worker when "
+        "it starts, goes on with it on a partitioned store, builds it again on one table)"
     )
 
 
@@ -407,11 +420,26 @@ def rebuild_store_index(
         create, drop_old, drop_new = (str(x).encode() for x in p[:3])
         finished_earlier = bool(new_valid)  # built by a run that died: swapped in as it is
         if p[3]:  # partitioned: partition by partition, the old index dropped in one statement
+            earlier = (row[6], row[7])  # a partly built new index: its graph
+            if new_valid is False and earlier != (str(m), str(ef_construction)):
+                # asked for another graph than the one a stopped run began: begun again
+                _short_locks(conn, drop_new, should_stop, "before rebuilding it")
             if not finished_earlier:
                 set_maintenance_work_mem(conn, maintenance_work_mem)
                 # the parent's (ON ONLY: invalid until each partition's is attached)
                 _short_locks(conn, create, should_stop, "before the new store index was begun")
                 _build_partitions(url, conn, progress, should_stop)
+                valid = conn.execute(
+                    "select indisvalid from pg_index "
+                    "where indexrelid = 'pgrag.chunks_embedding_hnsw_new'::regclass"
+                ).fetchone()
+                if not (valid and valid[0]):  # (a partition detached meanwhile, say)
+                    _short_locks(conn, drop_new, should_stop, "before rebuilding it")
+                    raise IndexBuildFailed(
+                        "the new store index came out incomplete (the partitions changed while "
+                        "it was built): dropped; the old index is as it was; run `pgrag "
+                        "reindex` again"
+                    )
             if progress is not None:
                 progress("dropping the old index (waits for a lock on each partition)", 0, 1)
             _short_locks(conn, drop_old, should_stop, _KEPT)
@@ -509,6 +537,9 @@ def _build_partitions(
         )
 
 
+SHORT_LOCKS_PATIENCE_S = 600.0
+
+
 def _short_locks(
     conn: psycopg.Connection[Any],
     statement: bytes,
@@ -519,9 +550,13 @@ def _short_locks(
     parent index, a partition's graph attached to it, the old index dropped: no CONCURRENTLY
     for a partitioned index, so the drop takes every partition's ACCESS EXCLUSIVE lock). Each
     try waits at most a second for its locks (reads and writes queue behind a waiting lock: a
-    transaction left open would otherwise stall every search); between tries, ``should_stop``
-    (IndexBuildFailed "stopped <stopped>")."""
+    transaction left open would otherwise stall every search), then lets the queue through
+    for a growing pause (0.1 s doubling to 5 s); between tries, ``should_stop`` (IndexBuildFailed
+    "stopped <stopped>"). After SHORT_LOCKS_PATIENCE_S of tries, IndexBuildFailed naming the
+    sessions in the way. A deadlock with such a session counts as a try."""
     conn.execute("select set_config('lock_timeout', '1s', false)")
+    deadline = time.monotonic() + SHORT_LOCKS_PATIENCE_S
+    pause = 0.1
     try:
         while True:
             if should_stop is not None and should_stop():
@@ -529,8 +564,23 @@ def _short_locks(
             try:
                 conn.execute(statement)
                 return
-            except psycopg.errors.LockNotAvailable:
-                continue
+            except (psycopg.errors.LockNotAvailable, psycopg.errors.DeadlockDetected):
+                pass
+            if time.monotonic() > deadline:
+                row = conn.execute(
+                    "select string_agg(distinct l.pid::text, ', ') from pg_locks l "
+                    "join pg_inherits h on l.relation in (h.inhrelid, h.inhparent) "
+                    "where h.inhparent = 'pgrag.chunks'::regclass and l.granted "
+                    "and l.pid <> pg_backend_pid()"
+                ).fetchone()
+                raise IndexBuildFailed(
+                    f"could not lock pgrag.chunks for {SHORT_LOCKS_PATIENCE_S / 60:.0f} minutes "
+                    f"(sessions holding it: {row[0] if row and row[0] else 'none now'}; "
+                    "pg_stat_activity shows them): end those transactions and run `pgrag "
+                    "reindex` again, which goes on where this run stopped"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)
     finally:
         conn.execute("select set_config('lock_timeout', '0', false)")
 

@@ -557,7 +557,13 @@ class Worker:
         if unfinished_only and not behind.unfinished:
             return
         (m, efc), (want_m, want_efc) = behind.current, behind.wanted
-        if behind.unfinished:
+        if behind.partial:
+            what = (
+                f"a rebuild of the store index left {filter_index.NEW_STORE_INDEX} partly built "
+                "(a store partitioned by tenant)"
+            )
+            doing = "going on with it"
+        elif behind.unfinished:
             what = (
                 f"a rebuild of the store index left {filter_index.NEW_STORE_INDEX} built "
                 "beside the old one"

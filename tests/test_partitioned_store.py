@@ -312,6 +312,9 @@ def test_reindex_rebuilds_every_partitions_graph_and_goes_on_where_a_run_stopped
             crm.url, m=8, ef_construction=32, should_stop=after_the_first
         )
     env = {"PGRAG_DATABASE_URL": crm.url}
+    with psycopg.connect(crm.url, autocommit=True) as conn:
+        behind = filter_index.graph_behind(conn)
+        assert behind is not None and behind.partial and behind.unfinished
     status = run_pgrag("status", env=env)
     assert "store index: chunks_embedding_hnsw_new is not built yet" in status.stdout, status.stdout
     try:
@@ -328,9 +331,17 @@ def test_reindex_rebuilds_every_partitions_graph_and_goes_on_where_a_run_stopped
             ).fetchone() == (8, 32, True)
         # a tenant's search still reads its own partition
         assert len(_mentioned(_explain(crm.url, "acme", ["crm_ticket"]))) == 1
+        # a stopped run asked for another graph than the next one: begun again with the next's
+        with pytest.raises(IndexBuildFailed, match="stopped before"):
+            filter_index.rebuild_store_index(
+                crm.url, m=12, ef_construction=48, should_stop=after_the_first
+            )
     finally:
         r = run_pgrag("reindex", "--m", "16", "--ef-construction", "64", "--no-tune", env=env)
         assert r.returncode == 0, r.stdout + r.stderr
+    with psycopg.connect(crm.url) as conn:
+        graphs = conn.execute(_GRAPHS).fetchall()
+    assert all("m=16" in g[1] and "ef_construction=64" in g[1] for g in graphs), graphs
 
 
 def test_bad_shapes_are_refused_before_anything_runs(crm: Crm) -> None:

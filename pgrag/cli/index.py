@@ -194,6 +194,11 @@ def reindex(
     measured on the new graph, as the worker does (`pgrag tune`). Run it as the owner of
     pgrag.chunks (the role that ran `pgrag db upgrade`). A failed or cancelled build leaves
     the old index as it was; a new index an earlier run finished is swapped in by the next.
+
+    On a store partitioned by tenant it goes partition by partition: each partition's graph
+    built concurrently and attached to a new index on the parent, then the old index dropped in
+    one statement (a second of lock wait at a time); a stopped run is taken up where it
+    stopped, with its own graph unless --m or --ef-construction ask for another.
     """
     from pgrag.db import connect
 

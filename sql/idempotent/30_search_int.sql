@@ -751,8 +751,8 @@ as $$
 -- partition whose graph is not yet attached to the new parent index chunks_embedding_hnsw_new,
 -- and what it needs: 'missing' (build it concurrently, then attach), 'invalid' (a build that
 -- died: drop it, build, attach) or 'built' (attach). The graph's parameters are the parent's;
--- the name carries the parent's oid, so a rebuild's names never meet the graphs they replace,
--- and one that died is taken up where it stopped.
+-- the name carries the parent's oid and the partition's, so a rebuild's names never meet the
+-- graphs they replace, and one that died is taken up where it stopped.
 declare
     parent oid := to_regclass('pgrag.chunks_embedding_hnsw_new');
     vs name;
@@ -769,7 +769,7 @@ begin
     return query
     with parts as (
         select p.oid, p.relname,
-               format('%s_hnsw_%s', left(p.relname, 40), parent) as child
+               format('chunks_hnsw_%s_%s', parent, p.oid) as child  -- (ASCII, < 63 bytes)
           from pg_inherits h join pg_class p on p.oid = h.inhrelid
          where h.inhparent = 'pgrag.chunks'::regclass
            and not exists (  -- (attached already)
@@ -812,6 +812,13 @@ begin
     if to_regclass('pgrag.chunks_embedding_hnsw_new') is null then
         raise exception using errcode = 'PR006',
             message = 'there is no rebuilt index pgrag.chunks_embedding_hnsw_new to swap in',
+            hint = 'run `pgrag reindex` again';
+    end if;
+    if not (select x.indisvalid from pg_index x
+             where x.indexrelid = 'pgrag.chunks_embedding_hnsw_new'::regclass) then
+        raise exception using errcode = 'PR006',
+            message = 'the rebuilt index pgrag.chunks_embedding_hnsw_new is not valid (a '
+                      'partition without its graph): it is not swapped in',
             hint = 'run `pgrag reindex` again';
     end if;
     select coalesce(max(o.option_value) filter (where o.option_name = 'm'), '16')::int,
