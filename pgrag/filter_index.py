@@ -403,12 +403,15 @@ def rebuild_store_index(
     which waits for the transactions open on the chunks. ``should_stop``, asked every half
     second while the index builds and every second while the old one is dropped: True cancels
     the build, or leaves the new index valid beside the old one (which the next rebuild swaps
-    in); IndexBuildFailed either way."""
+    in); IndexBuildFailed either way. A store partitioned by tenant is rebuilt partition by
+    partition (``_build_partitions``); a partly built new index there is gone on with, with
+    its own graph, unless ``m`` or ``ef_construction`` ask for another."""
     with psycopg.connect(url, autocommit=True) as conn, _exclusive(conn, STORE_INDEX):
         row = conn.execute(_STORE_INDEX_STATE).fetchone()
         assert row is not None
         prev = (int(row[0]), int(row[1]))
         vectors, new_valid = int(row[2]), row[3]
+        asked = (m, ef_construction)
         m, ef_construction = choose_graph(vectors, prev, m, ef_construction)
         with mapped_database_errors():  # PR006: a graph pgvector refuses, or not the owner
             p = conn.execute(
@@ -421,7 +424,9 @@ def rebuild_store_index(
         finished_earlier = bool(new_valid)  # built by a run that died: swapped in as it is
         if p[3]:  # partitioned: partition by partition, the old index dropped in one statement
             earlier = (row[6], row[7])  # a partly built new index: its graph
-            if new_valid is False and earlier != (str(m), str(ef_construction)):
+            if new_valid is False and any(
+                a is not None and str(a) != e for a, e in zip(asked, earlier, strict=True)
+            ):
                 # asked for another graph than the one a stopped run began: begun again
                 _short_locks(conn, drop_new, should_stop, "before rebuilding it")
             if not finished_earlier:

@@ -40,7 +40,7 @@ from pgvector.psycopg import register_vector
 from psycopg import sql
 from psycopg.rows import class_row
 
-from pgrag.connection import connect_once, describe_target
+from pgrag.connection import connect_once, describe_target, first_line
 from pgrag.embed.base import (
     DEFAULT_RETRY,
     Embedder,
@@ -549,7 +549,7 @@ class Worker:
         except psycopg.Error as exc:
             if connection_lost(exc):
                 raise
-            self.notice(f"pgrag: store index not checked: {_first_line(exc)}")
+            self.notice(f"pgrag: store index not checked: {first_line(str(exc))}")
             return
         if behind is None:
             self._reindex_failures = 0  # done, by whoever: nothing to try again
@@ -582,7 +582,7 @@ class Worker:
             self.notice(
                 f"pgrag: {what}: `pgrag reindex`, as the owner of pgrag.chunks, "
                 + (
-                    "swaps it in"
+                    "finishes it"
                     if behind.unfinished
                     else f"rebuilds it with m {want_m}, ef_construction {want_efc}"
                 )
@@ -612,7 +612,7 @@ class Worker:
                 return
             except Exception as exc:  # noqa: BLE001 (told in one line, never a traceback)
                 if stopping():
-                    said = _first_line(exc)
+                    said = first_line(str(exc))
                     self.notice(
                         f"pgrag: store index rebuild {said}"
                         if isinstance(exc, IndexBuildFailed) and said.startswith("stopped ")
@@ -627,7 +627,7 @@ class Worker:
                     if self._reindex_failures < REINDEX_ATTEMPTS
                     else "not tried again by this worker: `pgrag reindex` runs it"
                 )
-                self.notice(f"pgrag: store index not rebuilt ({again}): {_first_line(exc)}")
+                self.notice(f"pgrag: store index not rebuilt ({again}): {first_line(str(exc))}")
                 return
             self._reindex_failures = 0
             line = (
@@ -822,8 +822,3 @@ class StopOnSignals:
 
 def _since(started: float) -> float:
     return time.perf_counter() - started
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
