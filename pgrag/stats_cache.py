@@ -1,13 +1,14 @@
 """The statistics cache: turn it on or off per document type, and see what it holds.
 
 A cached type's exact statistics for a filter are computed once and reused while no table its
-declared query reads has changed (``sql/idempotent/60_stats_cache.sql`` holds the design and
+declared query reads has changed (``sql/idempotent/40_stats_int.sql`` holds the design and
 the proof; docs/search.md, "The statistics cache"). The search statement needs no change: its
 ``pgrag._doc_type_stats_where`` looks the result up.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,3 +61,37 @@ def status(conn: psycopg.Connection[Any]) -> list[CachedType]:
     return [
         CachedType(r.doc_type, r.cached, tuple(r.tables), r.results, r.triggers_ok) for r in rows
     ]
+
+
+# Whether a result computed now would be stored: this snapshot is no older than the horizon.
+_HORIZON_OPEN = (
+    "select pg_snapshot_xmin(pg_current_snapshot()) >= h.pruned_below "
+    "from pgrag.stats_cache_horizon h"
+)
+# The transactions that hold the horizon back: every other session with a transaction id or a
+# snapshot, and every prepared (two-phase) transaction.
+_HORIZON_BLOCKERS = """
+select format('pid %s (%s, %s): %s', a.pid, a.datname, a.state, left(a.query, 60))
+  from pg_stat_activity a
+ where a.pid <> pg_backend_pid() and (a.backend_xid is not null or a.backend_xmin is not null)
+union all
+select format('prepared transaction %L (%s)', p.gid, p.database) from pg_prepared_xacts p
+"""
+
+
+def start_horizon(url: str, patience_s: float) -> list[str]:
+    """Start the statistics cache's pruning horizon on this server, as the first result stored
+    on it would, then wait until every transaction that was running then has ended: until they
+    have, results are computed and not stored (docs/search.md, "The statistics cache"). [] once
+    they have; else, after ``patience_s``, the sessions still in the way (for benchmarks and
+    tests whose first computation must be stored, whatever else runs on the server)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("select pgrag._prune_stats_changes()")
+        deadline = time.monotonic() + patience_s
+        while True:
+            row = conn.execute(_HORIZON_OPEN).fetchone()
+            if row is not None and row[0]:
+                return []
+            if time.monotonic() >= deadline:
+                return [str(r[0]) for r in conn.execute(_HORIZON_BLOCKERS)]
+            time.sleep(0.05)

@@ -220,6 +220,24 @@ def wait_for(condition: Callable[[], object], what: str, patience_s: float = PAT
         time.sleep(0.02)
 
 
+# A transaction left open elsewhere on the server holds the statistics cache's horizon back
+# for as long as it stays open: failing after two minutes, naming it, beats ten per test.
+HORIZON_PATIENCE_S = 120.0
+
+
+def start_horizon(url: str) -> None:
+    """Start the statistics cache's pruning horizon in this database and wait until no
+    transaction of the server holds it back (``stats_cache.start_horizon``): until then no
+    result is stored, and the tests that call this expect their first computation to be."""
+    from pgrag import stats_cache
+
+    blockers = stats_cache.start_horizon(url, HORIZON_PATIENCE_S)
+    assert not blockers, (
+        f"after {HORIZON_PATIENCE_S:.0f} s, transactions still hold the statistics cache's "
+        f"horizon back: {'; '.join(blockers)}"
+    )
+
+
 def waits_on_lock(url: str, pid: int) -> bool:
     """Whether the backend ``pid`` waits on a heavyweight lock (pg_stat_activity)."""
     with psycopg.connect(url, autocommit=True) as watcher:

@@ -2,7 +2,7 @@
 
 Every test compares the statistics a search gets with the declared query run afresh over the
 same snapshot (``reference``), through the writes, snapshots and transactions that could make
-a cached result stale (sql/idempotent/60_stats_cache.sql has the three conditions).
+a cached result stale (sql/idempotent/40_stats_int.sql has the three conditions).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pgrag.db import connect
 from pgrag.errors import DocumentError
 from pgrag.lab import synthetic
 
-from .conftest import PATIENCE_S, run_pgrag, wait_for, waits_on_lock
+from .conftest import PATIENCE_S, run_pgrag, start_horizon, wait_for, waits_on_lock
 from .shop_fixture import load_tiny_shop
 from .stats_reference import declared_stats
 
@@ -35,6 +35,7 @@ def shop_url(db_url: str) -> Iterator[str]:
     """The tiny shop, committed, with both types' statistics cached (sql/sample/shop_stats.sql)."""
     with psycopg.connect(db_url) as conn:
         load_tiny_shop(conn)
+    start_horizon(db_url)
     yield db_url
 
 
@@ -77,6 +78,29 @@ def test_a_repeated_filter_is_served_from_the_cache_until_a_write(shop_url: str)
         after = stats(conn, VIP)
         assert after == reference(conn, VIP) and revenue(after) == revenue(first) + 80
         assert cached_rows(conn) != stored
+
+
+def test_the_first_store_on_a_new_server_waits_for_a_quiet_snapshot(db_url: str) -> None:
+    """The horizon's first start (a new install, a restart, a restored dump) drops the recorded
+    writes it cannot vouch for, so a result computed before it, while another transaction
+    ran, is not stored; the next one is, and it is exact."""
+    with psycopg.connect(db_url) as conn:
+        load_tiny_shop(conn)
+    with (
+        psycopg.connect(db_url, autocommit=True) as conn,
+        psycopg.connect(db_url, autocommit=True) as other,
+    ):
+        other.execute("begin")
+        other.execute("select pg_current_xact_id()")  # running, with an xid, at the snapshot
+        conn.execute("select pg_current_xact_id()")  # a later one ended: the first in progress
+        first = stats(conn, VIP)
+        assert first == reference(conn, VIP) and cached_rows(conn) == []
+        other.execute("commit")
+        start_horizon(db_url)  # (the horizon stands; this waits out other tests' transactions)
+        assert stats(conn, VIP) == first
+        stored = cached_rows(conn)
+        assert [r[0] for r in stored] == ["customer_profile", "order_detail"]
+        assert stats(conn, VIP) == first and cached_rows(conn) == stored  # a hit
 
 
 @pytest.mark.parametrize(
