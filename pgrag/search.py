@@ -357,8 +357,11 @@ class _Embed:  # the driver embeds the question with this cache; sends back a Qu
 
 
 @dataclass(frozen=True)
-class _Execute:  # the driver runs the statement (never prepared: it is planned with the
-    # filter's values); sends back its rows, as _Row unless ``rows`` is False (tuples)
+class _Execute:  # the driver runs the statement, never prepared (docs/search.md, "The
+    # statement": psycopg's rollback then deallocates every statement of the session, pgrag's
+    # own included; a pooler may not keep them; and a migration that changes pgrag.search_hit
+    # would fail a prepared call at every search); sends back its rows, as _Row unless
+    # ``rows`` is False (tuples)
     statement: LiteralString
     params: dict[str, Any]
     rows: bool = True
