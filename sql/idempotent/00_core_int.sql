@@ -112,6 +112,27 @@ comment on function pgrag._sees_all_tenants() is
 
 
 
+create or replace function pgrag._vector_schema()
+returns name
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+-- The schema pgvector is installed in: its type, operators and operator classes live there,
+-- and the functions' fixed search path does not hold it, so statements name it (format('%I')).
+declare
+    vs name;
+begin
+    select n.nspname into strict vs
+      from pg_extension e join pg_namespace n on n.oid = e.extnamespace
+     where e.extname = 'vector';
+    return vs;
+end
+$$;
+
+comment on function pgrag._vector_schema() is
+    'The schema pgvector is installed in (statements name its type and operators there)';
+
+
 create or replace function pgrag._store_partitioned()
 returns boolean
 language sql stable security invoker

@@ -263,9 +263,7 @@ begin
     if dim <> s.embedding_dim then
         -- A new vector type for the column: every vector is dropped anyway. The type and its
         -- operator class live in pgvector's schema, which the search path does not hold.
-        select n.nspname into strict vector_schema
-        from pg_extension e join pg_namespace n on n.oid = e.extnamespace
-        where e.extname = 'vector';
+        vector_schema := pgrag._vector_schema();
         drop index if exists pgrag.chunks_embedding_hnsw;
         execute format(
             'alter table pgrag.chunks alter column embedding type %I.vector(%s) using null',

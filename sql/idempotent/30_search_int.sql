@@ -426,9 +426,7 @@ begin
                              case when ef_search is null then pgrag._tuned_ef_search() end),
                     pgrag._limit('ef_search'));
         max_scan_tuples := greatest(20000, 200 * kc);
-        select n.nspname into strict vs
-          from pg_extension e join pg_namespace n on n.oid = e.extnamespace
-         where e.extname = 'vector';
+        vs := pgrag._vector_schema();
     end if;
     statement := pgrag._search_statement(mode, where_sql,
                                          estimate is null or estimate >= exact_threshold,
@@ -662,9 +660,7 @@ begin
       left join pg_class c on c.oid = to_regclass('pgrag.chunks_embedding_hnsw')
       left join lateral pg_options_to_table(c.reloptions) o on true
      group by s.hnsw_m, s.hnsw_ef_construction;
-    select n.nspname into strict vs
-      from pg_extension e join pg_namespace n on n.oid = e.extnamespace
-     where e.extname = 'vector';
+    vs := pgrag._vector_schema();
     name := 'chunks_embedding_hnsw_f_' || left(encode(sha256(convert_to(predicate, 'UTF8')), 'hex'), 12);
     filter_json := filter::text;
     create_ddl := format('create index concurrently %I on pgrag.chunks using hnsw (embedding %I.vector_cosine_ops) '
@@ -717,9 +713,7 @@ begin
             message = format('ef_construction = %s is less than twice m = %s', ef_construction, m),
             hint = 'pgvector needs ef_construction >= 2 x m: raise ef_construction';
     end if;
-    select n.nspname into strict vs
-      from pg_extension e join pg_namespace n on n.oid = e.extnamespace
-     where e.extname = 'vector';
+    vs := pgrag._vector_schema();
     partitioned := pgrag._store_partitioned();
     if partitioned then
         create_ddl := format('create index if not exists chunks_embedding_hnsw_new on only '
@@ -765,9 +759,7 @@ begin
     if parent is null then
         return;
     end if;
-    select n.nspname into strict vs
-      from pg_extension e join pg_namespace n on n.oid = e.extnamespace
-     where e.extname = 'vector';
+    vs := pgrag._vector_schema();
     select array_to_string(c.reloptions, ', ') into strict opts
       from pg_class c where c.oid = parent;
     return query
