@@ -58,11 +58,18 @@ _LIST: LiteralString = """
 select i.relname as name,
        coalesce(obj_description(i.oid, 'pg_class'), '') as filter_json,
        pg_get_expr(x.indpred, x.indrelid) as predicate,
-       greatest(i.reltuples, 0)::bigint as rows,
-       pg_relation_size(i.oid) as size_bytes,
+       -- (a partitioned store's index: its partitions' graphs)
+       coalesce((select sum(greatest(c.reltuples, 0)) from pg_partition_tree(i.oid) t
+                   join pg_class c on c.oid = t.relid),
+                greatest(i.reltuples, 0))::bigint as rows,
+       coalesce((select sum(pg_relation_size(t.relid)) from pg_partition_tree(i.oid) t),
+                pg_relation_size(i.oid))::bigint as size_bytes,
        x.indisvalid as valid,
        exists (select from pg_stat_progress_create_index p
-               where p.index_relid = i.oid
+               where (p.index_relid = i.oid  -- (a partition's: named after the parent's oid)
+                      or p.index_relid in (select c.oid from pg_class c
+                                            where c.relname like 'chunks\\_hnsw\\_'
+                                                                 || i.oid || '\\_%'))
                  and p.datid = (select oid from pg_database where datname = current_database()))
            as building
 from pg_index x
@@ -172,6 +179,9 @@ def add(
 
     An invalid index of the same filter (a build that failed or was cancelled) is dropped and
     built again. ``progress(phase, blocks_done, blocks_total)`` is called about twice a second.
+    A store partitioned by tenant gets the index partition by partition (``_build_partitions``:
+    PostgreSQL builds no index concurrently on a partitioned table); one left partly built
+    there is gone on with.
     """
     with psycopg.connect(url, autocommit=True) as conn:
         p = plan(conn, filter)
@@ -183,25 +193,67 @@ def add(
                     existing = find(conn, p.name)
                 assert existing is not None
                 return existing, False
-            if existing is not None:
-                conn.execute(sql.SQL("drop index concurrently if exists {}").format(_ident(p.name)))
             set_maintenance_work_mem(conn, maintenance_work_mem)
-            try:
-                _run_with_progress(url, conn, p.create, progress)
-            except BaseException as exc:
-                _build_failed(
-                    conn,
-                    exc,
-                    p.name,
-                    f"building filter index {p.name}",
-                    "the partial index was dropped",
-                    f"drop it with `pgrag filter-index drop {p.name}`",
-                    "run the same add again",
-                )
+            if store_partitioned(conn):
+                _add_partitioned(url, conn, p, progress)
+            else:
+                if existing is not None:
+                    conn.execute(
+                        sql.SQL("drop index concurrently if exists {}").format(_ident(p.name))
+                    )
+                try:
+                    _run_with_progress(url, conn, p.create, progress)
+                except BaseException as exc:
+                    _build_failed(
+                        conn,
+                        exc,
+                        p.name,
+                        f"building filter index {p.name}",
+                        "the partial index was dropped",
+                        f"drop it with `pgrag filter-index drop {p.name}`",
+                        "run the same add again",
+                    )
             conn.execute(p.comment)
             built = find(conn, p.name)
     assert built is not None
     return built, True
+
+
+def store_partitioned(conn: psycopg.Connection[Any]) -> bool:
+    """Whether the chunk store is partitioned by tenant (docs/scaling.md)."""
+    row = conn.execute("select pgrag._store_partitioned()").fetchone()
+    return bool(row and row[0])
+
+
+def _add_partitioned(
+    url: str,
+    conn: psycopg.Connection[Any],
+    p: Plan,
+    progress: Callable[[str, int, int], None] | None,
+) -> None:
+    """A filter index on a partitioned store: made on the parent alone (ON ONLY, invalid until
+    every partition's graph is attached), then each partition's graph built concurrently and
+    attached. A run that fails leaves the partitions done attached, and the next add of the
+    filter goes on from there."""
+    again = "run the same `pgrag filter-index add` again: it goes on from there"
+    _short_locks(conn, p.create, None, f"before {p.name} was begun", again)
+    words = _Words(
+        what=f"filter index {p.name}",
+        intact="searches use the store index meanwhile; the partitions done so far keep their "
+        "graphs",
+        cleanup=f"the next add of the filter, or `pgrag filter-index drop {p.name}`, drops it",
+        again=again,
+    )
+    _build_partitions(url, conn, p.name, progress, None, words)
+    valid = conn.execute(
+        "select indisvalid from pg_index where indexrelid = to_regclass(%s)",
+        (f"pgrag.{p.name}",),
+    ).fetchone()
+    if not (valid and valid[0]):  # (a partition detached meanwhile, say)
+        raise IndexBuildFailed(
+            f"filter index {p.name} came out incomplete (the partitions changed while it was "
+            f"built): {again}"
+        )
 
 
 def drop(url: str, filter_or_name: str) -> str | None:
@@ -218,7 +270,17 @@ def drop(url: str, filter_or_name: str) -> str | None:
         with _exclusive(conn, name):
             if find(conn, name) is None:
                 return None
-            conn.execute(sql.SQL("drop index concurrently if exists {}").format(_ident(name)))
+            if store_partitioned(conn):  # (no DROP INDEX CONCURRENTLY of a partitioned index)
+                statement = sql.SQL("drop index if exists {}").format(_ident(name))
+                _short_locks(
+                    conn,
+                    statement.as_bytes(conn),
+                    None,
+                    f"before {name} was dropped",
+                    "run the same `pgrag filter-index drop` again",
+                )
+            else:
+                conn.execute(sql.SQL("drop index concurrently if exists {}").format(_ident(name)))
     return name
 
 
@@ -433,7 +495,7 @@ def rebuild_store_index(
                 set_maintenance_work_mem(conn, maintenance_work_mem)
                 # the parent's (ON ONLY: invalid until each partition's is attached)
                 _short_locks(conn, create, should_stop, "before the new store index was begun")
-                _build_partitions(url, conn, progress, should_stop)
+                _build_partitions(url, conn, NEW_STORE_INDEX, progress, should_stop, _REBUILD)
                 valid = conn.execute(
                     "select indisvalid from pg_index "
                     "where indexrelid = 'pgrag.chunks_embedding_hnsw_new'::regclass"
@@ -485,26 +547,47 @@ def rebuild_store_index(
 
 _PARTITION_PLAN: LiteralString = (
     "select partition_name, index_name, state, create_ddl, drop_ddl, attach_ddl "
-    "from pgrag._store_index_partition_plan()"
+    "from pgrag._index_partition_plan(%s)"
+)
+
+
+@dataclass(frozen=True)
+class _Words:
+    """What a partition by partition build says when it stops or fails: the index, what
+    stands meanwhile, how its debris goes, and how to go on."""
+
+    what: str
+    intact: str
+    cleanup: str
+    again: str
+
+
+_REBUILD = _Words(
+    what="the new store index",
+    intact="the old index serves searches; the partitions done so far keep their new graphs",
+    cleanup="the next `pgrag reindex` drops it",
+    again="run `pgrag reindex` again (or start the worker): it goes on from there",
 )
 
 
 def _build_partitions(
     url: str,
     conn: psycopg.Connection[Any],
+    parent: str,
     progress: Callable[[str, int, int], None] | None,
     should_stop: Callable[[], bool] | None,
+    words: _Words,
 ) -> None:
-    """A partitioned store's new index, partition by partition: each partition's graph built
-    concurrently, then attached to the parent's (pgrag._store_index_partition_plan). A run
-    that stops or fails leaves the partitions done attached: the next one goes on from there."""
-    todo = conn.execute(_PARTITION_PLAN).fetchall()
+    """A partitioned store's index ``parent`` (made on the parent table alone), partition by
+    partition: each partition's graph built concurrently, then attached to it
+    (pgrag._index_partition_plan). A run that stops or fails leaves the partitions done
+    attached: the next one goes on from there."""
+    todo = conn.execute(_PARTITION_PLAN, (parent,)).fetchall()
     for i, (part, name, state, create, drop, attach) in enumerate(todo, 1):
         if should_stop is not None and should_stop():
             raise IndexBuildFailed(
-                f"stopped before the new store index was built on partition {part} ({i - 1} of "
-                f"{len(todo)} built); the old index serves searches, and the next `pgrag "
-                "reindex`, or the worker, goes on from there"
+                f"stopped before {words.what} was built on partition {part} ({i - 1} of "
+                f"{len(todo)} built); {words.intact}; {words.again}"
             )
 
         def shown(phase: str, done: int, total: int, part: str = part, i: int = i) -> None:
@@ -527,18 +610,17 @@ def _build_partitions(
                     conn,
                     exc,
                     str(name),
-                    f"rebuilding the store index on partition {part}",
-                    "the old index serves searches; the partitions done so far keep their new "
-                    "graphs",
-                    "the next `pgrag reindex` drops it",
-                    "run `pgrag reindex` again: it goes on from this partition",
+                    f"building {words.what} on partition {part}",
+                    words.intact,
+                    words.cleanup,
+                    words.again,
                 )
         _short_locks(
             conn,
             str(attach).encode(),
             should_stop,
-            f"before the new store index was attached on partition {part}; the next `pgrag "
-            "reindex`, or the worker, goes on from there",
+            f"before {words.what} was attached on partition {part}; {words.again}",
+            words.again,
         )
 
 
@@ -550,6 +632,7 @@ def _short_locks(
     statement: bytes,
     should_stop: Callable[[], bool] | None,
     stopped: str,
+    again: str = "run `pgrag reindex` again, which goes on where this run stopped",
 ) -> None:
     """Run a statement that takes the chunks' locks for a moment (a partitioned store's new
     parent index, a partition's graph attached to it, the old index dropped: no CONCURRENTLY
@@ -581,8 +664,7 @@ def _short_locks(
                 raise IndexBuildFailed(
                     f"could not lock pgrag.chunks for {SHORT_LOCKS_PATIENCE_S / 60:.0f} minutes "
                     f"(sessions holding it: {row[0] if row and row[0] else 'none now'}; "
-                    "pg_stat_activity shows them): end those transactions and run `pgrag "
-                    "reindex` again, which goes on where this run stopped"
+                    f"pg_stat_activity shows them): end those transactions and {again}"
                 )
             time.sleep(pause)
             pause = min(pause * 2, 5.0)

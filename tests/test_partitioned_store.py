@@ -27,6 +27,7 @@ from pgrag.errors import ConfigError, IndexBuildFailed, PgragError
 from . import search_plan
 from .conftest import TestServer, run_pgrag
 from .test_security import (  # noqa: F401  (the property runs on this module's crm)
+    HNSW_ONLY,
     READER,
     TENANTS,
     WRITER,
@@ -86,16 +87,27 @@ def test_the_converted_store_is_in_sync(crm: Crm) -> None:
         assert conn.execute("select * from pgrag.verify()").fetchall() == []
 
 
-def _explain(url: str, tenant: str | None, doc_types: list[str] | None) -> str:
+def _explain(
+    url: str,
+    tenant: str | None,
+    doc_types: list[str] | None,
+    flt: dict[str, Any] | None = None,
+    *,
+    hnsw_only: bool = False,
+) -> str:
+    """The search's plan as a reader of ``tenant`` (``hnsw_only``: the planner told to walk an
+    HNSW graph wherever it can, as in a large store)."""
     with psycopg.connect(as_role(url, READER)) as conn:
         register_vector(conn)
         if tenant is not None:
             conn.execute("select set_config('pgrag.tenant', %s, false)", (tenant,))
+        if hnsw_only:
+            conn.execute(HNSW_ONLY)
         q = np.ones(384, dtype=np.float32)
         cur = conn.execute(
             "select * from pgrag._search_plan('vector', null, %s::real[]::vector, null, 10, "
-            "null, %s, null, null, null, null, null, null)",
-            (q.tolist(), doc_types),
+            "%s::jsonb, %s, null, null, null, null, null, null)",
+            (q.tolist(), json.dumps(flt) if flt else None, doc_types),
         )
         row = cur.fetchone()
         assert row is not None and cur.description is not None
@@ -269,14 +281,86 @@ def test_back_to_one_table_and_to_hash_partitions(pg_server: TestServer, templat
         made.close()
 
 
-def test_what_builds_concurrently_is_refused_on_a_partitioned_store(crm: Crm) -> None:
+_FILTER_GRAPHS = (
+    "select p.relname, i.relname, x.indisvalid from pg_inherits hi "
+    "join pg_index x on x.indexrelid = hi.inhrelid join pg_class i on i.oid = x.indexrelid "
+    "join pg_class p on p.oid = x.indrelid where hi.inhparent = to_regclass(%s) order by 1"
+)
+
+
+def test_a_filter_index_is_built_partition_by_partition_and_searches_use_it(crm: Crm) -> None:
+    """`pgrag filter-index add` on a partitioned store: the index made on the parent alone,
+    each partition's graph built concurrently and attached; a run that stopped after one
+    partition is gone on with; a tenant's filtered search walks its partition's graph of the
+    filter; list shows the partitions' rows and size; drop takes every graph; --sql, which
+    prints one CREATE INDEX CONCURRENTLY, is refused."""
     from click.testing import CliRunner
 
+    from pgrag import filter_index
+
+    flt = {"status": "open"}
     runner = CliRunner()
-    for args in (["filter-index", "add", json.dumps({"status": "open"})],):
-        got = runner.invoke(cli, ["--database-url", crm.url, *args])
-        assert got.exit_code == 2, got.output
-        assert "partitioned by tenant" in got.output and "Traceback" not in got.output
+    got = runner.invoke(
+        cli, ["--database-url", crm.url, "filter-index", "add", "--sql", json.dumps(flt)]
+    )
+    assert got.exit_code == 2, got.output
+    assert "partitioned by tenant" in got.output and "Traceback" not in got.output
+    with psycopg.connect(crm.url, autocommit=True) as conn:
+        p = filter_index.plan(conn, flt)
+        assert b" on only pgrag.chunks " in p.create
+        partitions = list(_partitions(conn))
+        # a run stopped after its first partition: the parent, and one graph attached
+        conn.execute(p.create)
+        row = conn.execute("select to_regclass(%s)::oid", (f"pgrag.{p.name}",)).fetchone()
+        assert row is not None
+        oid = int(row[0])
+        first = conn.execute(
+            "select create_ddl, attach_ddl from pgrag._index_partition_plan(%s) limit 1",
+            (p.name,),
+        ).fetchone()
+        assert first is not None
+        conn.execute(str(first[0]).encode())
+        conn.execute(str(first[1]).encode())
+        assert len(conn.execute(_FILTER_GRAPHS, (f"pgrag.{p.name}",)).fetchall()) == 1
+        listed = filter_index.find(conn, p.name)
+        assert listed is not None and not listed.valid and not listed.building
+    env = {"PGRAG_DATABASE_URL": crm.url}
+    try:
+        r = run_pgrag("filter-index", "add", json.dumps(flt), env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert f"{p.name} built" in r.stdout, r.stdout
+        with psycopg.connect(crm.url) as conn:
+            graphs = conn.execute(_FILTER_GRAPHS, (f"pgrag.{p.name}",)).fetchall()
+            assert [g[0] for g in graphs] == partitions and all(g[2] for g in graphs)
+            listed = filter_index.find(conn, p.name)
+            open_tickets = conn.execute(
+                "select count(*) from pgrag.chunks where metadata @> %s::jsonb", (json.dumps(flt),)
+            ).fetchone()
+        assert listed is not None and listed.valid and listed.filter == flt
+        assert open_tickets is not None and listed.rows == open_tickets[0] > 0
+        assert listed.size_bytes > 0
+        again = run_pgrag("filter-index", "add", json.dumps(flt), env=env)
+        assert again.returncode == 0 and "exists already" in again.stdout, again.stdout
+        # acme's search with the filter walks acme's graph of it
+        with psycopg.connect(crm.url) as conn:
+            row = conn.execute(
+                "select c.relname from pgrag.chunks k join pg_class c on c.oid = k.tableoid "
+                "where k.tenant = 'acme' limit 1"
+            ).fetchone()
+        assert row is not None
+        acme = str(row[0])
+        acme_graph = next(g[1] for g in graphs if g[0] == acme)
+        plan = _explain(crm.url, "acme", ["crm_ticket"], flt, hnsw_only=True)
+        assert f"Index Scan using {acme_graph} on {acme}" in plan, plan
+    finally:
+        r = run_pgrag("filter-index", "drop", json.dumps(flt), env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+    with psycopg.connect(crm.url) as conn:
+        assert filter_index.list_indexes(conn) == []
+        left = conn.execute(
+            "select relname from pg_class where relname like %s", (f"chunks\\_hnsw\\_{oid}\\_%",)
+        ).fetchall()
+    assert left == []
 
 
 _GRAPHS = (

@@ -53,16 +53,25 @@ def add(
 
     The build runs CREATE INDEX CONCURRENTLY (writes go on) with the store index's m and
     ef_construction. It does nothing if a valid index of FILTER exists; a failed or cancelled
-    build is dropped, and an invalid one left by a crash is rebuilt.
+    build is dropped, and an invalid one left by a crash is rebuilt. On a store partitioned by
+    tenant it builds each partition's graph in turn and attaches it; a run that stops there is
+    gone on with by the next.
     """
     from pgrag.db import connect
-    from pgrag.filter_index import plan
+    from pgrag.errors import ConfigError
+    from pgrag.filter_index import plan, store_partitioned
 
     with connect(url_of(ctx)) as client:
         if print_sql:
             client.require_schema()
             with client.connection() as conn:
                 p = plan(conn, filter_json)
+                if store_partitioned(conn):
+                    raise ConfigError(
+                        "--sql prints one CREATE INDEX CONCURRENTLY, and the store is "
+                        "partitioned by tenant, where the index is built partition by partition "
+                        "(docs/scaling.md): run `pgrag filter-index add` without --sql"
+                    )
                 click.echo(p.create_ddl + ";")
                 click.echo(p.comment_ddl + ";")
             return
@@ -117,7 +126,8 @@ def list_(ctx: click.Context, as_json: bool) -> None:
 )
 @click.pass_context
 def drop(ctx: click.Context, filter_or_name: str, if_exists: bool) -> None:
-    """Drop the index of FILTER (JSON) or the index NAME (DROP INDEX CONCURRENTLY).
+    """Drop the index of FILTER (JSON) or the index NAME (DROP INDEX CONCURRENTLY; on a store
+    partitioned by tenant, DROP INDEX, which waits at most a second at a time for its locks).
 
     Exits 1 when there is no such index, unless --if-exists.
     """

@@ -555,27 +555,8 @@ comment on function pgrag._search(text, text, vector, integer, jsonb, text[], te
     'Run a search: pgrag._search_plan, then its statement with the search''s values bound';
 
 
-create or replace function pgrag._refuse_partitioned_store(what text)
-returns void
-language plpgsql stable security invoker
-set search_path = pg_catalog, pg_temp
-as $$
--- PR006 on a partitioned store for what builds an index CONCURRENTLY on pgrag.chunks, which
--- PostgreSQL does not do on a partitioned table.
-begin
-    if pgrag._store_partitioned() then
-        raise exception using errcode = 'PR006',
-            message = format('%s is built concurrently on one table, and the chunk store is '
-                             'partitioned by tenant (PostgreSQL builds no index concurrently on '
-                             'a partitioned table)', what),
-            hint = 'a tenant''s search already walks its own partition''s graph; `pgrag '
-                   'reindex` rebuilds those graphs, partition by partition (docs/scaling.md)';
-    end if;
-end
-$$;
-
-comment on function pgrag._refuse_partitioned_store(text) is
-    'PR006 when the chunk store is partitioned, for what builds an index concurrently on it';
+drop function if exists pgrag._refuse_partitioned_store(text);  -- (filter indexes are built
+-- on a partitioned store too, partition by partition)
 
 
 create or replace function pgrag._search_tenants(doc_types text[])
@@ -626,7 +607,10 @@ as $$
 -- compiles it once the index exists (its top-level keys split out, canonical), so that the
 -- planner proves it from a search's conditions; with the store index's m and ef_construction.
 -- Named by its predicate: {"k": 1} and {"k": {"$eq": 1}} are one index. PR006 for a filter that
--- selects every chunk or none.
+-- selects every chunk or none. A partitioned store (docs/scaling.md): PostgreSQL builds no
+-- index concurrently on a partitioned table, so the DDL makes the index on the parent alone
+-- (ON ONLY: invalid, no graph), and each partition's graph is built concurrently and attached
+-- to it (pgrag._index_partition_plan), as a rebuild of the store index does.
 declare
     predicate text;
     plan json;
@@ -634,7 +618,6 @@ declare
     efc integer;
     vs name;
 begin
-    perform pgrag._refuse_partitioned_store('a filter index');
     if filter is null or filter = '{}' then
         raise exception using errcode = 'PR006',
             message = 'a filter index needs a filter',
@@ -663,8 +646,11 @@ begin
     vs := pgrag._vector_schema();
     name := 'chunks_embedding_hnsw_f_' || left(encode(sha256(convert_to(predicate, 'UTF8')), 'hex'), 12);
     filter_json := filter::text;
-    create_ddl := format('create index concurrently %I on pgrag.chunks using hnsw (embedding %I.vector_cosine_ops) '
-                         'with (m = %s, ef_construction = %s) where %s',
+    create_ddl := format(case when pgrag._store_partitioned()
+                              then 'create index if not exists %I on only pgrag.chunks '
+                              else 'create index concurrently %I on pgrag.chunks ' end
+                         || 'using hnsw (embedding %I.vector_cosine_ops) '
+                            'with (m = %s, ef_construction = %s) where %s',
                          name, vs, m, efc, predicate);
     comment_ddl := format('comment on index pgrag.%I is %L', name, filter_json);
 end
@@ -692,7 +678,7 @@ as $$
 -- renamed (pgrag._store_index_swap). A partitioned store (docs/scaling.md): PostgreSQL builds
 -- no index concurrently on a partitioned table, so the new index is made on the parent alone
 -- (ON ONLY: invalid, no graph), each partition's graph built concurrently and attached to it
--- (pgrag._store_index_partition_plan), and it is valid once every partition's is; the old one
+-- (pgrag._index_partition_plan), and it is valid once every partition's is; the old one
 -- is then dropped in one short statement (no DROP INDEX CONCURRENTLY on a partitioned index:
 -- it takes each partition's ACCESS EXCLUSIVE lock for the time of the drop).
 declare
@@ -735,33 +721,35 @@ comment on function pgrag._store_index_plan(integer, integer) is
     'The DDL of a rebuild of the store''s HNSW index (built beside it, then swapped)';
 
 
-select pgrag._drop_if_changed(to_regprocedure('pgrag._store_index_partition_plan()'),
-                              'TABLE(partition_name text, index_name text, state text, '
-                              'create_ddl text, drop_ddl text, attach_ddl text)');
+drop function if exists pgrag._store_index_partition_plan();  -- (now any index's)
 
-create or replace function pgrag._store_index_partition_plan()
+create or replace function pgrag._index_partition_plan(parent_index name)
 returns table (partition_name text, index_name text, state text, create_ddl text,
                drop_ddl text, attach_ddl text)
 language plpgsql stable security invoker
 set search_path = pg_catalog, pg_temp
 as $$
--- A partitioned store's rebuild (pgrag._store_index_plan), partition by partition: each
--- partition whose graph is not yet attached to the new parent index chunks_embedding_hnsw_new,
--- and what it needs: 'missing' (build it concurrently, then attach), 'invalid' (a build that
--- died: drop it, build, attach) or 'built' (attach). The graph's parameters are the parent's;
--- the name carries the parent's oid and the partition's, so a rebuild's names never meet the
--- graphs they replace, and one that died is taken up where it stopped.
+-- An HNSW index of a partitioned store, made on the parent alone (pgrag.<parent_index>: a
+-- rebuild's chunks_embedding_hnsw_new, pgrag._store_index_plan, or a filter index,
+-- pgrag._filter_index_plan), built partition by partition: each partition whose graph is not
+-- yet attached to it, and what it needs: 'missing' (build it concurrently, then attach),
+-- 'invalid' (a build that died: drop it, build, attach) or 'built' (attach). The graph's
+-- parameters and the predicate (a filter index's) are the parent's; the name carries the
+-- parent's oid and the partition's, so a rebuild's names never meet the graphs they replace,
+-- and one that died is taken up where it stopped. Nothing when there is no such index.
 declare
-    parent oid := to_regclass('pgrag.chunks_embedding_hnsw_new');
+    parent oid := to_regclass(format('pgrag.%I', parent_index));
     vs name;
     opts text;
+    predicate text;
 begin
     if parent is null then
         return;
     end if;
     vs := pgrag._vector_schema();
-    select array_to_string(c.reloptions, ', ') into strict opts
-      from pg_class c where c.oid = parent;
+    select array_to_string(c.reloptions, ', '), pg_get_expr(x.indpred, x.indrelid)
+      into strict opts, predicate
+      from pg_class c join pg_index x on x.indexrelid = c.oid where c.oid = parent;
     return query
     with parts as (
         select p.oid, p.relname,
@@ -775,11 +763,10 @@ begin
            case when x.indexrelid is null then 'missing'
                 when not x.indisvalid then 'invalid' else 'built' end,
            format('create index concurrently %I on pgrag.%I using hnsw '
-                  '(embedding %I.vector_cosine_ops) with (%s)', parts.child, parts.relname, vs,
-                  opts),
+                  '(embedding %I.vector_cosine_ops) with (%s)%s', parts.child, parts.relname, vs,
+                  opts, coalesce(' where ' || predicate, '')),
            format('drop index concurrently if exists pgrag.%I', parts.child),
-           format('alter index pgrag.chunks_embedding_hnsw_new attach partition pgrag.%I',
-                  parts.child)
+           format('alter index pgrag.%I attach partition pgrag.%I', parent_index, parts.child)
       from parts
       left join pg_class ci on ci.relname = parts.child
                           and ci.relnamespace = 'pgrag'::regnamespace
@@ -788,8 +775,9 @@ begin
 end
 $$;
 
-comment on function pgrag._store_index_partition_plan() is
-    'A partitioned store''s rebuild: each partition''s graph still to build and attach';
+comment on function pgrag._index_partition_plan(name) is
+    'A partitioned store''s index made on the parent: each partition''s graph still to build '
+    'and attach';
 
 
 create or replace function pgrag._store_index_swap(out m integer, out ef_construction integer,
