@@ -252,6 +252,42 @@ def test_a_bulk_statement_records_its_rows_in_batches(shop: str) -> None:
         assert documents.verify(conn) == []
 
 
+def test_the_keys_of_recorded_rows_come_out_once_per_document(shop: str) -> None:
+    """pgrag._keys_of_rows over entries of two types, each from two tables in several entries
+    (a batch per table, so a type's keys come from several key queries): each type's keys are
+    its documents, each once and sorted, as the key queries give them over all the rows at
+    once; a type the commit renders whole is passed over. (A type's keys are merged into the
+    result once, when its entries end: merged batch by batch, the result was sorted again at
+    every batch, quadratic in a statement's rows, docs/benchmarks.md.)"""
+    with psycopg.connect(shop) as conn:
+        conn.execute(
+            """declare entries no scroll cursor for
+               with items as (select i.order_item_id as n, i::text as r from shop.order_items i),
+                    orders as (select o.order_id as n, o::text as r from shop.orders o),
+                    rows as (select 'shop.order_items'::regclass as t, n, r from items
+                             union all select 'shop.orders'::regclass, n, r from orders)
+               select d.doc_type, rows.t as source_table, array_agg(rows.r order by rows.n)::text
+                      as rows
+                 from rows, (values ('customer_profile'), ('order_detail'), ('gone')) d(doc_type)
+                group by d.doc_type, rows.t, rows.n % 3
+                order by 1, 2"""
+        )
+        got = conn.execute("""select pgrag._keys_of_rows('entries', '{"gone": null}')""").fetchone()
+        assert got is not None
+        expected = conn.execute(
+            """select jsonb_build_object(
+                   'customer_profile', (select jsonb_agg(distinct o.customer_id::text
+                                                         order by o.customer_id::text)
+                                          from shop.orders o),
+                   'order_detail', (select jsonb_agg(distinct o.order_id::text
+                                                     order by o.order_id::text)
+                                      from shop.orders o))"""
+        ).fetchone()
+        assert expected is not None
+    assert got[0] == expected[0]
+    assert len(got[0]["order_detail"]) > 3  # (the tiny shop has orders in every entry)
+
+
 def test_an_oversized_document_is_cut_and_says_so(shop: str) -> None:
     """Issue 15, point 12: a 1.8 MB text failed the application's INSERT ("string is too long
     for tsvector"). It is stored cut to pgrag's limit, and the chunk says how long it was."""
