@@ -237,6 +237,7 @@ def _add_partitioned(
     filter goes on from there."""
     again = "run the same `pgrag filter-index add` again: it goes on from there"
     _short_locks(conn, p.create, None, f"before {p.name} was begun", again)
+    conn.execute(p.comment)  # (at once: `list` shows a half-built index's filter)
     words = _Words(
         what=f"filter index {p.name}",
         intact="searches use the store index meanwhile; the partitions done so far keep their "
@@ -272,8 +273,9 @@ def drop(url: str, filter_or_name: str) -> str | None:
                 return None
             if store_partitioned(conn):  # (no DROP INDEX CONCURRENTLY of a partitioned index)
                 statement = sql.SQL("drop index if exists {}").format(_ident(name))
-                _short_locks(
+                _drop_partitioned(
                     conn,
+                    name,
                     statement.as_bytes(conn),
                     None,
                     f"before {name} was dropped",
@@ -490,7 +492,9 @@ def rebuild_store_index(
                 a is not None and str(a) != e for a, e in zip(asked, earlier, strict=True)
             ):
                 # asked for another graph than the one a stopped run began: begun again
-                _short_locks(conn, drop_new, should_stop, "before rebuilding it")
+                _drop_partitioned(
+                    conn, NEW_STORE_INDEX, drop_new, should_stop, "before rebuilding it"
+                )
             if not finished_earlier:
                 set_maintenance_work_mem(conn, maintenance_work_mem)
                 # the parent's (ON ONLY: invalid until each partition's is attached)
@@ -501,7 +505,9 @@ def rebuild_store_index(
                     "where indexrelid = 'pgrag.chunks_embedding_hnsw_new'::regclass"
                 ).fetchone()
                 if not (valid and valid[0]):  # (a partition detached meanwhile, say)
-                    _short_locks(conn, drop_new, should_stop, "before rebuilding it")
+                    _drop_partitioned(
+                        conn, NEW_STORE_INDEX, drop_new, should_stop, "before rebuilding it"
+                    )
                     raise IndexBuildFailed(
                         "the new store index came out incomplete (the partitions changed while "
                         "it was built): dropped; the old index is as it was; run `pgrag "
@@ -615,13 +621,50 @@ def _build_partitions(
                     words.cleanup,
                     words.again,
                 )
-        _short_locks(
-            conn,
-            str(attach).encode(),
-            should_stop,
-            f"before {words.what} was attached on partition {part}; {words.again}",
-            words.again,
-        )
+        try:
+            _short_locks(
+                conn,
+                str(attach).encode(),
+                should_stop,
+                f"before {words.what} was attached on partition {part}; {words.again}",
+                words.again,
+            )
+        except psycopg.Error as exc:  # (a partition detached or dropped meanwhile, say)
+            raise IndexBuildFailed(
+                f"attaching {words.what}'s graph on partition {part} failed: "
+                f"{_first_line(exc)} ({words.intact}; {words.again})"
+            ) from exc
+
+
+# A partitioned index's graphs built on partitions and never attached to it (a build that
+# failed, or a process killed between a partition's build and its attach): named after the
+# parent's oid (pgrag._index_partition_plan), dropped with it.
+_UNATTACHED: LiteralString = """
+select format('drop index concurrently if exists pgrag.%%I', c.relname)
+  from pg_class c
+ where c.relnamespace = 'pgrag'::regnamespace and c.relkind = 'i'
+   and c.relname like 'chunks\\_hnsw\\_' || %s::text || '\\_%%'
+   and not exists (select from pg_inherits h where h.inhrelid = c.oid)
+"""
+
+
+def _drop_partitioned(
+    conn: psycopg.Connection[Any],
+    name: str,
+    statement: bytes,
+    should_stop: Callable[[], bool] | None,
+    stopped: str,
+    again: str = "run `pgrag reindex` again, which goes on where this run stopped",
+) -> None:
+    """Drop a partitioned index of the chunks (``statement``, in short lock tries), and then
+    its partitions' graphs that were never attached to it (DROP INDEX takes only those that
+    were): a ready index left behind would be written at every write, unseen."""
+    row = conn.execute("select to_regclass(%s)::oid", (f"pgrag.{name}",)).fetchone()
+    _short_locks(conn, statement, should_stop, stopped, again)
+    if row is None or row[0] is None:
+        return
+    for (drop,) in conn.execute(_UNATTACHED, (int(row[0]),)).fetchall():
+        conn.execute(str(drop).encode())
 
 
 SHORT_LOCKS_PATIENCE_S = 600.0

@@ -180,7 +180,8 @@ begin
       from pg_attribute a
      where a.attrelid = store and a.attnum > 0 and not a.attisdropped and a.attgenerated = '';
     -- (a filter index's comment is its filter: searches find it by it; an invalid index, a
-    -- build that died, is left behind)
+    -- build that died or one a partitioned store's add left half built, is not carried over:
+    -- it goes with the old table, and the next add of its filter builds it afresh)
     select coalesce(array_agg(replace(pg_get_indexdef(x.indexrelid), ' ON ONLY ', ' ON ')
                               order by x.indexrelid), '{}'),
            coalesce(array_agg(format('comment on index pgrag.%I is %L', ic.relname,
