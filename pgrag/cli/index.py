@@ -126,8 +126,10 @@ def list_(ctx: click.Context, as_json: bool) -> None:
 )
 @click.pass_context
 def drop(ctx: click.Context, filter_or_name: str, if_exists: bool) -> None:
-    """Drop the index of FILTER (JSON) or the index NAME (DROP INDEX CONCURRENTLY; on a store
-    partitioned by tenant, DROP INDEX, which waits at most a second at a time for its locks).
+    """Drop the index of FILTER (JSON) or the index NAME (DROP INDEX CONCURRENTLY).
+
+    On a store partitioned by tenant it is a plain DROP INDEX, which waits at most a second at
+    a time for the partitions' locks.
 
     Exits 1 when there is no such index, unless --if-exists.
     """
