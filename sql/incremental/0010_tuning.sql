@@ -58,3 +58,12 @@ begin
     end if;
 end
 $$;
+
+-- The rows a statement records for the key queries (pgrag.sync_queue.changed, rendered at the
+-- commit; pgrag.render_queue.rows, for the worker) are kept without compression: pglz tried
+-- every entry of 1,000 rows, and on rows it could not shrink it doubled the statement's time
+-- (an UPDATE of 50,000 rows of 2 KB: 5.9-7.5 s recorded for the commit, 3.0-3.7 s without;
+-- docs/benchmarks.md). sync_queue is unlogged and emptied at each commit; render_queue's
+-- entries are written to the WAL as they are.
+alter table pgrag.sync_queue alter column changed set storage external;
+alter table pgrag.render_queue alter column rows set storage external;
