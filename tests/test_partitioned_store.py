@@ -386,6 +386,46 @@ def test_a_filter_index_is_built_partition_by_partition_and_searches_use_it(crm:
     assert left == []
 
 
+def test_a_filter_index_build_stopped_by_an_open_transaction_is_listed_and_dropped_whole(
+    crm: Crm,
+) -> None:
+    """A partition's concurrent build that fails (here: statement_timeout, while another
+    session's snapshot holds the build up) leaves the parent index half built, listed with its
+    filter as INVALID, and the partition's invalid graph behind (the same session's lock holds
+    its drop up): the error says so, and `drop` takes the parent and that graph."""
+    from pgrag import filter_index
+
+    flt = {"status": "pending"}
+    limited = psycopg.conninfo.make_conninfo(crm.url, options="-c statement_timeout=2000")
+    with psycopg.connect(crm.url) as blocker:
+        blocker.execute("set transaction isolation level repeatable read")
+        # a snapshot and a lock on every partition, held: the build waits for the snapshot,
+        # the drop of its invalid graph for the lock
+        blocker.execute("select count(*) from pgrag.chunks").fetchone()
+        with pytest.raises(IndexBuildFailed, match="left behind") as failed:
+            filter_index.add(limited, flt)
+        blocker.rollback()
+    assert "filter-index drop" in str(failed.value)
+    with psycopg.connect(crm.url) as conn:
+        p = filter_index.plan(conn, flt)
+        listed = filter_index.find(conn, p.name)
+        assert listed is not None and not listed.valid and listed.filter == flt
+        row = conn.execute("select to_regclass(%s)::oid", (f"pgrag.{p.name}",)).fetchone()
+        assert row is not None
+        pattern = f"chunks\\_hnsw\\_{row[0]}\\_%"
+        graphs = conn.execute("select relname from pg_class where relname like %s", (pattern,))
+        assert len(graphs.fetchall()) == 1  # the failed partition's: invalid, not attached
+    env = {"PGRAG_DATABASE_URL": crm.url}
+    r = run_pgrag("filter-index", "list", env=env)
+    assert f"{p.name}  {json.dumps(flt)}" in r.stdout and "INVALID" in r.stdout, r.stdout
+    r = run_pgrag("filter-index", "drop", json.dumps(flt), env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with psycopg.connect(crm.url) as conn:
+        assert filter_index.find(conn, p.name) is None
+        left = conn.execute("select relname from pg_class where relname like %s", (pattern,))
+        assert left.fetchall() == []
+
+
 _GRAPHS = (
     "select p.relname, i.reloptions::text from pg_inherits h "
     "join pg_class p on p.oid = h.inhrelid "
