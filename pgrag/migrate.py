@@ -144,6 +144,12 @@ def _alembic_errors() -> Iterator[None]:
             if mapped is not None:
                 raise mapped from exc
             first = str(orig).strip().splitlines()[0]
+            if isinstance(orig, psycopg.errors.LockNotAvailable):  # (a lock the step waits for)
+                hint = orig.diag.message_hint
+                raise PgragError(
+                    f"migration rolled back, nothing changed: {first}"
+                    + (f"; {hint}" if hint else "; run it again when the database is quieter")
+                ) from exc
             raise PgragError(
                 f"migration failed and was rolled back ({first}): nothing changed; "
                 f"report this with `pgrag db current` and the server version"

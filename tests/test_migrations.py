@@ -351,6 +351,36 @@ def test_downgrade_of_0006_restores_0005_exactly(empty_db_url: str) -> None:
     assert acl == (0,)
 
 
+def test_0010_waits_for_the_queue_of_rows_at_most_5_s_and_downgrades_exactly(
+    empty_db_url: str,
+) -> None:
+    """0010 stores the rows a commit's key queries read uncompressed (SET STORAGE, an ACCESS
+    EXCLUSIVE lock on pgrag.sync_queue, which writers recording rows take too): held by an
+    open transaction, the migration waits 5 s for it, then fails in one line, changing
+    nothing; once it is free it runs; its downgrade restores 0009 exactly."""
+    from pgrag.errors import PgragError
+
+    migrate.upgrade(empty_db_url, "0009")
+    at_0009 = schema_dump(empty_db_url)
+    with psycopg.connect(empty_db_url) as writer:
+        writer.execute(
+            "insert into pgrag.sync_queue (doc_type, source_table, op) "
+            "values ('x', 'pg_class', 'INSERT')"
+        )
+        with pytest.raises(PgragError, match="pgrag.sync_queue is held by a transaction"):
+            migrate.upgrade(empty_db_url)
+        writer.rollback()
+    assert scalar(empty_db_url, "select version_num from public.pgrag_alembic_version") == "0009"
+    migrate.upgrade(empty_db_url)
+    storage = (
+        "select attstorage from pg_attribute "
+        "where attrelid = 'pgrag.sync_queue'::regclass and attname = 'changed'"
+    )
+    assert scalar(empty_db_url, storage) == "e"
+    migrate.downgrade(empty_db_url, "0009")
+    assert schema_dump(empty_db_url) == at_0009
+
+
 def test_role_names_are_chosen_at_migration_and_then_fixed(empty_db_url: str) -> None:
     migrate.upgrade(empty_db_url, reader_role="pgrag_t_reads", writer_role="pgrag_t_writes")
     assert scalar(empty_db_url, "select writer_role from pgrag.settings") == "pgrag_t_writes"

@@ -2,4 +2,3 @@
 drop table pgrag.tuning;
 alter table pgrag.settings drop column ef_search;
 alter table pgrag.sync_queue alter column changed set storage extended;
-alter table pgrag.render_queue alter column rows set storage extended;

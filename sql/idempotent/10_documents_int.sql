@@ -883,6 +883,7 @@ declare
     r record;
     fn text;
     keys text[];
+    one_key text;
     type_keys text[];  -- the keys found for cur_type so far (NULL: none asked yet)
     batch text[] := '{}';
     batch_chars bigint := 0;
@@ -910,7 +911,12 @@ begin
             if fn is not null
                and to_regprocedure(format('pgrag_docs.%I(text[])', fn)) is not null then
                 execute format('select pgrag_docs.%I($1)', fn) into keys using batch;
-                type_keys := coalesce(type_keys, '{}') || coalesce(keys, '{}');
+                type_keys := coalesce(type_keys, '{}');
+                -- one element at a time: PL/pgSQL appends a single element to the variable in
+                -- place, where `type_keys || keys` would copy all the keys so far at each batch
+                foreach one_key in array coalesce(keys, '{}') loop
+                    type_keys := type_keys || one_key;
+                end loop;
             end if;
             batch := '{}';
             batch_chars := 0;

@@ -59,11 +59,26 @@ begin
 end
 $$;
 
--- The rows a statement records for the key queries (pgrag.sync_queue.changed, rendered at the
--- commit; pgrag.render_queue.rows, for the worker) are kept without compression: pglz tried
--- every entry of 1,000 rows, and on rows it could not shrink it doubled the statement's time
--- (an UPDATE of 50,000 rows of 2 KB: 5.9-7.5 s recorded for the commit, 3.0-3.7 s without;
--- docs/benchmarks.md). sync_queue is unlogged and emptied at each commit; render_queue's
--- entries are written to the WAL as they are.
-alter table pgrag.sync_queue alter column changed set storage external;
-alter table pgrag.render_queue alter column rows set storage external;
+-- The rows a statement records for the commit's key queries (pgrag.sync_queue.changed) are
+-- kept without compression: pglz tried every entry of 1,000 rows, and on rows it could not
+-- shrink that was half the statement's time (an UPDATE of 100,000 rows of 2 KB: 11.9-12.1 s,
+-- 5.5-6.3 s without; docs/benchmarks.md). sync_queue is unlogged and emptied at each commit:
+-- compressing it never paid. (pgrag.render_queue keeps pglz: its entries wait for the worker
+-- and go to the WAL, where ordinary rows shrink about fourfold.) SET STORAGE takes an ACCESS
+-- EXCLUSIVE lock on the table, which every transaction recording rows for its commit takes
+-- too: the migration waits at most 5 s for it rather than queue the application's writers
+-- behind a long transaction, and fails (changing nothing) if it cannot have it.
+do $$
+declare
+    waited text := current_setting('lock_timeout');
+begin
+    perform pg_catalog.set_config('lock_timeout', '5s', true);
+    alter table pgrag.sync_queue alter column changed set storage external;
+    perform pg_catalog.set_config('lock_timeout', waited, true);
+exception when lock_not_available then
+    raise exception using errcode = 'lock_not_available',
+        message = 'pgrag.sync_queue is held by a transaction open for more than 5 s (a write '
+                  'recording rows for its commit)',
+        hint = 'let it end (pg_stat_activity shows it), then run the upgrade again';
+end
+$$;
