@@ -843,6 +843,28 @@ end
 $fn$;
 
 
+create or replace function pgrag._todo_of_lines(lines text)
+returns jsonb
+language sql immutable parallel safe security invoker
+set search_path = pg_catalog, pg_temp
+-- The documents of lines of JSON objects ({type: [keys]}, one a line: pgrag.pending, written
+-- by pgrag._record) as one set, each key once: merged once, however many statements wrote.
+return (select coalesce(jsonb_object_agg(x.doc_type, x.keys), '{}')
+          from (select e.key as doc_type,
+                       case when bool_or(jsonb_typeof(e.value) = 'null') then 'null'::jsonb
+                            else coalesce(jsonb_agg(distinct v order by v)
+                                              filter (where v is not null), '[]') end as keys
+                  from string_to_table(lines, E'\n') l(line)
+                  cross join lateral jsonb_each(l.line::jsonb) e
+                  left join lateral jsonb_array_elements_text(
+                      case when jsonb_typeof(e.value) = 'array' then e.value end) v on true
+                 where l.line <> ''
+                 group by e.key) x);
+
+comment on function pgrag._todo_of_lines(text) is
+    'Lines of documents ({type: [keys] | null}, one a line) merged into one set';
+
+
 create or replace function pgrag._todo_minus(a jsonb, b jsonb)
 returns jsonb
 language plpgsql immutable parallel safe security invoker
@@ -1022,7 +1044,10 @@ as $fn$
 -- the worker, on a fresh snapshot); or neither: every document of the type (TRUNCATE).
 -- queue: into pgrag.render_queue, committed with the transaction, for the worker. Else into
 -- this transaction's pending set, rendered at its commit (pgrag.sync_now): a few keys in the
--- transaction's memory (the setting pgrag.pending), rows and many keys in the unlogged
+-- transaction's memory (the setting pgrag.pending: one JSON object a statement, a line each,
+-- merged once at commit by pgrag._todo_of_lines; merged at every statement, each of a
+-- transaction's 4,000 single-row updates cost 2.5 ms, against 0.7 ms for the first 1,000),
+-- rows and many keys in the unlogged
 -- pgrag.sync_queue; and the transaction's marker, whose deferred trigger runs pgrag.sync_now.
 declare
     pending text;
@@ -1039,10 +1064,10 @@ begin
     end if;
     pending := current_setting('pgrag.pending', true);
     if changed_rows is null and keys is not null and cardinality(keys) <= 1000
-       and coalesce(length(pending), 0) < 100000 then
+       and coalesce(octet_length(pending), 0) < 100000 then
         perform set_config('pgrag.pending',
-                           pgrag._todo_merge(nullif(pending, '')::jsonb,
-                                             jsonb_build_object(doc_type, to_jsonb(keys)))::text,
+                           concat_ws(E'\n', nullif(pending, ''),
+                                     jsonb_build_object(doc_type, to_jsonb(keys))::text),
                            true);
     else
         insert into pgrag.sync_queue (doc_type, source_table, op, keys, changed)

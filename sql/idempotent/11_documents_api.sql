@@ -799,7 +799,7 @@ begin
     end if;
 
     -- what the statements found: their keys, and every document of a truncated type
-    todo := coalesce(pending::jsonb, '{}');
+    todo := pgrag._todo_of_lines(pending);
     select pgrag._todo_merge(todo, coalesce(jsonb_object_agg(
                x.doc_type, case when x.every then 'null'::jsonb else to_jsonb(x.keys) end), '{}'))
       into todo
