@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from pgrag import documents
 from pgrag.worker import Worker
@@ -312,6 +313,23 @@ def test_a_transaction_of_many_statements_renders_each_document_once(shop: str) 
         assert merged is not None
         orders = sorted({str(o) for _i, o in items})
         assert merged[0]["order_detail"] == orders  # each once, sorted as text
+        conn.commit()
+        assert documents.verify(conn) == []
+        # the same document 3,000 times: the lines, merged when they reach 32 KB, stay small,
+        # and no key spills to pgrag.sync_queue (its entries here are the rows of the type
+        # whose key query reads other tables)
+        conn.execute(
+            sql.SQL(
+                "do $$ begin for i in 1..3000 loop update shop.order_items "
+                "set quantity = quantity + 1 where order_item_id = {}; end loop; end $$"
+            ).format(sql.Literal(int(items[0][0])))
+        )
+        held = conn.execute(
+            "select octet_length(current_setting('pgrag.pending', true)), "
+            "(select count(*) from pgrag.sync_queue "
+            " where xid = pg_current_xact_id() and changed is null)"
+        ).fetchone()
+        assert held is not None and held[0] < 32100 and held[1] == 0
         conn.commit()
         assert documents.verify(conn) == []
     with psycopg.connect(shop) as conn:

@@ -1051,6 +1051,7 @@ as $fn$
 -- pgrag.sync_queue; and the transaction's marker, whose deferred trigger runs pgrag.sync_now.
 declare
     pending text;
+    small boolean;  -- this statement's keys go to the setting pgrag.pending
 begin
     if queue then
         insert into pgrag.render_queue (doc_type, keys, source_table, rows)
@@ -1063,8 +1064,21 @@ begin
         perform set_config('pgrag.truncated', 'on', true);
     end if;
     pending := current_setting('pgrag.pending', true);
-    if changed_rows is null and keys is not null and cardinality(keys) <= 1000
-       and coalesce(octet_length(pending), 0) < 100000 then
+    small := changed_rows is null and keys is not null and cardinality(keys) <= 1000
+             and current_setting('pgrag.pending_full', true) is distinct from 'on';
+    if small and octet_length(pending) >= 32000 then
+        -- Full: merged into one line (documents written again take no room). Copying the
+        -- setting costs each statement in proportion to its length, so it stays under 32 KB:
+        -- if the merged set is still over 16 KB, the keys of later statements go to
+        -- sync_queue (pgrag.pending_full), else they are appended again.
+        pending := pgrag._todo_of_lines(pending)::text;
+        perform set_config('pgrag.pending', pending, true);
+        if octet_length(pending) >= 16000 then
+            perform set_config('pgrag.pending_full', 'on', true);
+            small := false;
+        end if;
+    end if;
+    if small then
         perform set_config('pgrag.pending',
                            concat_ws(E'\n', nullif(pending, ''),
                                      jsonb_build_object(doc_type, to_jsonb(keys))::text),

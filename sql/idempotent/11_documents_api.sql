@@ -789,6 +789,7 @@ begin
     pending := nullif(current_setting('pgrag.pending', true), '');
     if pending is not null then
         perform set_config('pgrag.pending', '', true);
+        perform set_config('pgrag.pending_full', '', true);
     end if;
     if current_setting('pgrag.marked', true) <> '' then
         perform set_config('pgrag.marked', '', true);
