@@ -245,12 +245,7 @@ def _add_partitioned(
         cleanup=f"the next add of the filter, or `pgrag filter-index drop {p.name}`, drops it",
         again=again,
     )
-    _build_partitions(url, conn, p.name, progress, None, words)
-    valid = conn.execute(
-        "select indisvalid from pg_index where indexrelid = to_regclass(%s)",
-        (f"pgrag.{p.name}",),
-    ).fetchone()
-    if not (valid and valid[0]):  # (a partition detached meanwhile, say)
+    if not _build_partitions(url, conn, p.name, progress, None, words):
         raise IndexBuildFailed(
             f"filter index {p.name} came out incomplete (the partitions changed while it was "
             f"built): {again}"
@@ -499,12 +494,9 @@ def rebuild_store_index(
                 set_maintenance_work_mem(conn, maintenance_work_mem)
                 # the parent's (ON ONLY: invalid until each partition's is attached)
                 _short_locks(conn, create, should_stop, "before the new store index was begun")
-                _build_partitions(url, conn, NEW_STORE_INDEX, progress, should_stop, _REBUILD)
-                valid = conn.execute(
-                    "select indisvalid from pg_index "
-                    "where indexrelid = 'pgrag.chunks_embedding_hnsw_new'::regclass"
-                ).fetchone()
-                if not (valid and valid[0]):  # (a partition detached meanwhile, say)
+                if not _build_partitions(
+                    url, conn, NEW_STORE_INDEX, progress, should_stop, _REBUILD
+                ):
                     _drop_partitioned(
                         conn, NEW_STORE_INDEX, drop_new, should_stop, "before rebuilding it"
                     )
@@ -583,11 +575,12 @@ def _build_partitions(
     progress: Callable[[str, int, int], None] | None,
     should_stop: Callable[[], bool] | None,
     words: _Words,
-) -> None:
+) -> bool:
     """A partitioned store's index ``parent`` (made on the parent table alone), partition by
     partition: each partition's graph built concurrently, then attached to it
     (pgrag._index_partition_plan). A run that stops or fails leaves the partitions done
-    attached: the next one goes on from there."""
+    attached: the next one goes on from there. Whether ``parent`` came out valid (it does not
+    when the partitions changed meanwhile: one detached, say)."""
     todo = conn.execute(_PARTITION_PLAN, (parent,)).fetchall()
     for i, (part, name, state, create, drop, attach) in enumerate(todo, 1):
         if should_stop is not None and should_stop():
@@ -634,6 +627,10 @@ def _build_partitions(
                 f"attaching {words.what}'s graph on partition {part} failed: "
                 f"{_first_line(exc)} ({words.intact}; {words.again})"
             ) from exc
+    valid = conn.execute(
+        "select indisvalid from pg_index where indexrelid = to_regclass(%s)", (f"pgrag.{parent}",)
+    ).fetchone()
+    return bool(valid and valid[0])
 
 
 # A partitioned index's graphs built on partitions and never attached to it (a build that

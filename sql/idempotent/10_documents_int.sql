@@ -829,16 +829,9 @@ begin
     elsif not exists (select from jsonb_object_keys(b) k where a ? k) then
         return a || b;
     end if;
-    return (select coalesce(jsonb_object_agg(x.doc_type, x.keys), '{}')
-              from (select e.key as doc_type,
-                           case when bool_or(jsonb_typeof(e.value) = 'null') then 'null'::jsonb
-                                else coalesce((select jsonb_agg(distinct v order by v)
-                                                 from jsonb_array_elements_text(
-                                                          jsonb_path_query_array(
-                                                              jsonb_agg(e.value), '$[*][*]')) v),
-                                              '[]') end as keys
-                      from (select * from jsonb_each(a) union all select * from jsonb_each(b)) e
-                     group by e.key) x);
+    -- (the one merge: as the lines of a transaction's pending set, pgrag._todo_of_lines;
+    -- jsonb's text holds no newline)
+    return pgrag._todo_of_lines(a::text || E'\n' || b::text);
 end
 $fn$;
 
