@@ -126,6 +126,48 @@ def test_a_filter_the_planner_expects_to_be_large_is_not_counted(synthetic_url: 
         conn.rollback()
 
 
+def test_a_session_keeps_a_filters_estimate_a_minute_and_ignores_a_bad_one(
+    synthetic_url: str,
+) -> None:
+    """The planner's estimate of a filter's rows (EXPLAIN) is kept in the session setting
+    pgrag.filter_estimates, for the 20 newest filters: a search of the same filter reads it.
+    Any role of the session may set that setting; a value not of its shape is ignored, and one
+    of its shape only decides whether the search counts first."""
+    memo = "select current_setting('pgrag.filter_estimates', true)"
+    flt = FILTERS["1%"]
+    q = _queries(2)
+    with psycopg.connect(synthetic_url, autocommit=True) as conn:
+        first = s.search(conn, vector=q[0], model="synthetic", k=5, mode="vector", filter=flt)
+        held = json.loads(conn.execute(memo).fetchone()[0])  # type: ignore[index]
+        assert len(held) == 1
+        [(key, (rows, at))] = held.items()
+        assert 100 <= rows <= 400  # 200 rows match
+        again = s.search(conn, vector=q[0], model="synthetic", k=5, mode="vector", filter=flt)
+        assert json.loads(conn.execute(memo).fetchone()[0]) == held  # type: ignore[index]
+        assert [h.id for h in again.hits] == [h.id for h in first.hits]
+        # a planted estimate of its shape: 10 million rows, so nothing is counted and the
+        # index runs at once; the filter still holds for every hit
+        conn.execute(
+            "select set_config('pgrag.filter_estimates', %s, false)",
+            (json.dumps({key: [1e7, at]}),),
+        )
+        planted = s.search(conn, vector=q[0], model="synthetic", k=5, mode="vector", filter=flt)
+        assert planted.scan == "index" and first.scan == "exact"
+        assert len(planted.hits) == 5 and all(h.metadata["p1"] for h in planted.hits)
+        # values not of its shape: ignored, and replaced by the estimate
+        for bad in ("not json", "[1, 2]", json.dumps({key: ["x", "y"]}), json.dumps({key: 5})):
+            conn.execute("select set_config('pgrag.filter_estimates', %s, false)", (bad,))
+            res = s.search(conn, vector=q[1], model="synthetic", k=5, mode="vector", filter=flt)
+            assert res.scan == "exact" and len(res.hits) == 5, bad
+            assert list(json.loads(conn.execute(memo).fetchone()[0])) == [key]  # type: ignore[index]
+        # the 20 newest filters are kept
+        for topic in range(25):
+            s.search(
+                conn, vector=q[1], model="synthetic", k=5, mode="vector", filter={"topic": topic}
+            )
+        assert len(json.loads(conn.execute(memo).fetchone()[0])) == 20  # type: ignore[index]
+
+
 def test_every_vector_search_walks_the_graph_iteratively(synthetic_url: str) -> None:
     """Even without a filter: under row-level security a reader's search still filters, and a
     plain scan stops at ef_search rows (a tenant with 10% of the chunks got 4 of 10). Every
@@ -440,11 +482,11 @@ def test_a_search_statement_is_prepared_once_per_shape_and_filter(synthetic_url:
 def test_a_filter_value_that_looks_like_a_parameter_is_searched_as_written(
     shop: psycopg.Connection[Any],
 ) -> None:
-    """The search statement writes its limits where $3..$8 stood before the filter goes in:
-    a value holding '$3' is compared as written."""
-    shop.execute("update shop.customers set name = 'Ann $3 $8' where customer_id = 1")
+    """The search statement writes its limits where $3..$8 stood by the same format() as the
+    filter: a value holding '$3' or a format specifier is compared as written."""
+    shop.execute("update shop.customers set name = 'Ann $3 $8 %6$s %%' where customer_id = 1")
     found = s.search(
-        shop, "customer", mode="text", filter={"name": "Ann $3 $8"},
+        shop, "customer", mode="text", filter={"name": "Ann $3 $8 %6$s %%"},
         doc_types=["customer_profile"],
     )  # fmt: skip
     assert [h.source_key for h in found.hits] == ["1"]

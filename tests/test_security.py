@@ -8,7 +8,6 @@ shared FAQ; its accounts' emails are masked and phones omitted.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import random
 import re
@@ -649,8 +648,11 @@ def test_a_search_statement_prepared_by_a_lesser_role_never_runs_for_a_greater_o
                 (vector,),
             ).fetchone()
             assert plan is not None
-            digest = hashlib.sha256(str(plan[0]).encode()).hexdigest()[:40]
-            name = f"pgrag_search_{digest}"
+            named = conn.execute(
+                "select pgrag._search_statement_name(%s)", (str(plan[0]),)
+            ).fetchone()
+            assert named is not None
+            name = str(named[0])
             conn.execute(
                 f"prepare {name} (text, vector) as select -1::bigint, 'hijack'::text, "
                 "current_user::text, ''::text, '{}'::jsonb, 0::float8, 0::float8, 0, 0, "

@@ -480,13 +480,16 @@ as $$
 -- their types: the union of the types' declared metadata_schema. A key declared with two types,
 -- or a type not declared, is an error naming the fix.
 declare
-    merged jsonb := '{}';
+    merged jsonb;
+    agreed boolean;
     e record;
     unknown text;
 begin
-    select string_agg(t, ', ') into unknown
-      from unnest(doc_types) t
-     where not exists (select from pgrag.doc_types d where d.name = t);
+    if doc_types is not null then
+        select string_agg(t, ', ') into unknown
+          from unnest(doc_types) t
+         where not exists (select from pgrag.doc_types d where d.name = t);
+    end if;
     if unknown is not null then
         raise exception using errcode = 'PR003',
             message = format('document type %s is not declared (declared: %s)', unknown,
@@ -494,6 +497,16 @@ begin
                                          from pgrag.doc_types d), 'none')),
             hint = 'pick a declared type; `pgrag documents list` shows them';
     end if;
+    -- the common case in one query; the loop below only finds the conflict to name
+    select coalesce(jsonb_object_agg(p.key, p.value), '{}'), count(*) = count(distinct p.key)
+      into merged, agreed
+      from (select distinct s.key, s.value
+              from pgrag.doc_types d, jsonb_each(d.metadata_schema) s
+             where doc_types is null or d.name = any(doc_types)) p;
+    if agreed then
+        return merged;
+    end if;
+    merged := '{}';
     for e in select s.key, s.value, d.name
                from pgrag.doc_types d, jsonb_each(d.metadata_schema) s
               where doc_types is null or d.name = any(doc_types)

@@ -97,33 +97,24 @@ comment on function pgrag._search_tsquery(text, text, text[]) is
 
 create or replace function pgrag._filter_index_keys()
 returns text[]
-language plpgsql stable security invoker
+language sql stable security invoker
 set search_path = pg_catalog, pg_temp
-as $$
 -- The top-level keys of the filters of the store's filter indexes (pgrag/filter_index.py:
 -- partial HNSW indexes named chunks_embedding_hnsw_f_*, their filter JSON as the comment).
 -- Searches give these keys a condition of their own, which the planner matches against
--- the indexes' predicates. A comment that is not a JSON object is not a filter: skipped.
-declare
-    d text;
-    keys text[] := '{}';
-begin
-    for d in select obj_description(x.indexrelid, 'pg_class')
-               from pg_index x
-               join pg_class i on i.oid = x.indexrelid
-              where x.indrelid = 'pgrag.chunks'::regclass
-                and i.relname like 'chunks\_embedding\_hnsw\_f\_%' loop
-        begin
-            if jsonb_typeof(d::jsonb) = 'object' then
-                keys := keys || array(select jsonb_object_keys(d::jsonb));
-            end if;
-        exception when invalid_text_representation then
-            null;
-        end;
-    end loop;
-    return array(select distinct k from unnest(keys) as u(k) order by k);
-end
-$$;
+-- the indexes' predicates. A comment that is not a JSON object is not a filter: skipped. (One
+-- query, no exception block per index: every filtered search reads this.)
+return array(
+    select distinct k.key
+      from pg_index x
+      join pg_class i on i.oid = x.indexrelid
+      cross join lateral (select obj_description(x.indexrelid, 'pg_class') as d) c
+      cross join lateral jsonb_object_keys(
+          case when pg_input_is_valid(c.d, 'jsonb') and jsonb_typeof(c.d::jsonb) = 'object'
+               then c.d::jsonb else '{}' end) k(key)
+     where x.indrelid = (select to_regclass('pgrag.chunks'))
+       and i.relname like 'chunks\_embedding\_hnsw\_f\_%'
+     order by k.key);
 
 comment on function pgrag._filter_index_keys() is
     'The top-level keys of the filter indexes'' filters, which searches split out';
@@ -159,8 +150,8 @@ as $$
 -- once. Parameters: $1 query text, $2 query vector, $3 k, $4 kc (candidates per list),
 -- $5 exact_threshold, $6 rrf_k, $7 fts_limit, $8 match. bound (k, kc, exact_threshold, rrf_k,
 -- fts_limit, match): $3 to $8 written as these values instead, so that the statement's plan,
--- its limits known, can be prepared once and reused (pgrag._search); they go in before
--- where_sql, whose literals are never touched. tenant_sql: on a partitioned store, the
+-- its limits known, can be prepared once and reused (pgrag._search); they go in by the same
+-- format() as where_sql, whose literals are never scanned for $n. tenant_sql: on a partitioned store, the
 -- condition on the tenants the search sees (pgrag._search_tenants, also in where_sql), so that
 -- fetching the hits reads only their partitions. A chain of CTEs:
 --   matched / counted: the filter's matching rows with their distances, up to exact_threshold,
@@ -189,31 +180,31 @@ matched as materialized (
     select c.id, c.embedding %2$s $2 as distance
     from pgrag.chunks c
     where %1$s and c.embedding is not null and not %3$s
-    limit $5),
+    limit %8$s),
 counted as materialized (
-    select case when %3$s then $5::bigint else (select count(*) from matched) end as n),
+    select case when %3$s then %8$s::bigint else (select count(*) from matched) end as n),
 vec_index as materialized (
     select c.id, c.embedding %2$s $2 as distance
     from pgrag.chunks c
-    where %1$s and c.embedding is not null and (select n from counted) >= $5
+    where %1$s and c.embedding is not null and (select n from counted) >= %8$s
     order by c.embedding %2$s $2
-    limit $4),
+    limit %7$s),
 path as materialized (
-    select case when (select n from counted) >= $5 and (select count(*) from vec_index) >= $4
+    select case when (select n from counted) >= %8$s and (select count(*) from vec_index) >= %7$s
                 then 'index' else 'exact' end as scan),
 vec_exact as (
     (select m.id, m.distance
      from matched m
-     where (select n from counted) < $5
+     where (select n from counted) < %8$s
      order by m.distance, m.id
-     limit $4)
+     limit %7$s)
     union all
     (select c.id, c.embedding %2$s $2 as distance
      from pgrag.chunks c
      where %1$s and c.embedding is not null
-       and (select n from counted) >= $5 and (select scan from path) = 'exact'
+       and (select n from counted) >= %8$s and (select scan from path) = 'exact'
      order by (c.embedding %2$s $2) + 0, c.id
-     limit $4)),
+     limit %7$s)),
 vec as (
     select u.id, u.distance, row_number() over (order by u.distance, u.id)::integer as rank
     from (select * from vec_exact
@@ -223,18 +214,18 @@ $f$;
     end if;
     if mode <> 'vector' then
         tpl := tpl || $f$
-tq as materialized (select pgrag._search_tsquery($1, $8, pgrag._common_lexemes()) as q),
+tq as materialized (select pgrag._search_tsquery($1, %11$s, pgrag._common_lexemes()) as q),
 fts_scored as (
     select c.id, ts_rank(c.tsv, (select q from tq)) as score
     from pgrag.chunks c
     where c.tsv @@ (select q from tq) and %1$s
     order by 2 desc, c.id
-    limit $7),
+    limit %10$s),
 fts as (
     select r.id, r.score, row_number() over (order by r.score desc, r.id)::integer as rank
     from fts_scored r
     order by rank
-    limit $4),
+    limit %7$s),
 $f$;
     end if;
     tpl := tpl || case mode
@@ -242,23 +233,23 @@ $f$;
 fused as (
     select v.id, 1 - v.distance as score, v.distance, v.rank as vector_rank,
            null::integer as text_rank, null::real as text_score
-    from vec v order by v.rank limit $3)
+    from vec v order by v.rank limit %6$s)
 $f$
         when 'text' then $f$
 fused as (
     select f.id, f.score::double precision as score, null::double precision as distance,
            null::integer as vector_rank, f.rank as text_rank, f.score as text_score
-    from fts f order by f.rank limit $3)
+    from fts f order by f.rank limit %6$s)
 $f$
         else $f$
 fused as (
     select coalesce(v.id, f.id) as id,
-           coalesce(1.0 / ($6 + v.rank), 0) + coalesce(1.0 / ($6 + f.rank), 0)
-           + case when v.rank = 1 then 1.0 / ($6 + 1) else 0 end
-           + case when f.rank = 1 then 1.0 / ($6 + 1) else 0 end as score,
+           coalesce(1.0 / (%9$s + v.rank), 0) + coalesce(1.0 / (%9$s + f.rank), 0)
+           + case when v.rank = 1 then 1.0 / (%9$s + 1) else 0 end
+           + case when f.rank = 1 then 1.0 / (%9$s + 1) else 0 end as score,
            v.distance, v.rank as vector_rank, f.rank as text_rank, f.score as text_score
     from vec v full outer join fts f on f.id = v.id
-    order by 2 desc, 1 limit $3)
+    order by 2 desc, 1 limit %6$s)
 $f$ end;
     tpl := tpl || $f$
 select c.id, c.doc_type, c.source_key, c.text, c.metadata, f.score::double precision as score,
@@ -270,17 +261,17 @@ join pgrag.chunks c on c.id = f.id%5$s
 left join pgrag.chunks p on p.id = c.parent_id
 order by f.score desc, f.id
 $f$;
-    if bound is not null then  -- (from $8 down; no $n starts another)
-        tpl := replace(tpl, '$8', quote_literal(bound ->> 'match') || '::text');
-        tpl := replace(tpl, '$7', (bound ->> 'fts_limit')::integer::text);
-        tpl := replace(tpl, '$6', (bound ->> 'rrf_k')::integer::text);
-        tpl := replace(tpl, '$5', (bound ->> 'exact_threshold')::integer::text);
-        tpl := replace(tpl, '$4', (bound ->> 'kc')::integer::text);
-        tpl := replace(tpl, '$3', (bound ->> 'k')::integer::text);
-    end if;
+    -- %6$s to %11$s: $3 to $8, or bound's values written in (one format, one pass over the
+    -- text: replacing each $n in turn cost 24 of 27 µs)
     return format(tpl, where_sql, op, case when skip_count then 'true' else 'false' end,
                   case when mode = 'text' then '''text''::text' else '(select scan from path)' end,
-                  coalesce(' and ' || tenant_sql, ''));
+                  coalesce(' and ' || tenant_sql, ''),
+                  coalesce((bound ->> 'k')::integer::text, '$3'),
+                  coalesce((bound ->> 'kc')::integer::text, '$4'),
+                  coalesce((bound ->> 'exact_threshold')::integer::text, '$5'),
+                  coalesce((bound ->> 'rrf_k')::integer::text, '$6'),
+                  coalesce((bound ->> 'fts_limit')::integer::text, '$7'),
+                  coalesce(quote_literal(bound ->> 'match') || '::text', '$8'));
 end
 $$;
 
@@ -315,6 +306,78 @@ comment on function pgrag._tuned_ef_search() is
     'The tuned ef_search searches start from (an administrator''s setting, else the store''s)';
 
 
+create or replace function pgrag._filter_estimate(where_sql text)
+returns double precision
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+-- The planner's estimate of the chunks where_sql matches, which decides whether a search counts
+-- the filter's matches first (pgrag._search_statement's skip_count). EXPLAIN costs 70 µs on a
+-- warm backend, 0.18 ms between searches; its answer moves only when ANALYZE runs. So a session
+-- keeps it for a minute, as it keeps the statement prepared for the same filter: the setting
+-- pgrag.filter_estimates holds {key: [rows, epoch seconds]} for the 20 newest filters (key: a
+-- hash of the role and where_sql, since row-level security enters the estimate). Any role of
+-- the session may set that setting: a value not of that shape is ignored, and one of that shape
+-- only sends a search down the other path (count first, or the index at once), whose cost is
+-- time, as of any wrong estimate (docs/search.md). (Volatile: EXPLAIN runs in no other kind of
+-- function.)
+declare
+    keep constant integer := 20;
+    fresh_s constant double precision := 60;
+    now_s double precision := extract(epoch from clock_timestamp());
+    memo_key text := to_hex(hashtextextended(current_user || ' ' || where_sql, 0));
+    held text := current_setting('pgrag.filter_estimates', true);
+    memo jsonb := '{}';
+    hit jsonb;
+    cur refcursor;
+    plan json;
+    estimate double precision;
+begin
+    if pg_input_is_valid(held, 'jsonb') and jsonb_typeof(held::jsonb) = 'object' then
+        memo := held::jsonb;
+        hit := memo -> memo_key;
+        if jsonb_typeof(hit -> 0) = 'number' and jsonb_typeof(hit -> 1) = 'number'
+           and (hit ->> 1)::double precision between now_s - fresh_s and now_s then
+            return (hit ->> 0)::double precision;
+        end if;
+    end if;
+    open cur no scroll for execute 'explain (format json) select from pgrag.chunks c where '
+                                   || where_sql;
+    fetch cur into plan;
+    close cur;
+    estimate := (plan -> 0 -> 'Plan' ->> 'Plan Rows')::double precision;
+    select coalesce(jsonb_object_agg(e.key, e.value), '{}') into memo
+      from (select m.key, m.value
+              from jsonb_each(memo) m
+             where m.key <> memo_key and jsonb_typeof(m.value -> 0) = 'number'
+               and jsonb_typeof(m.value -> 1) = 'number'
+               and (m.value ->> 1)::double precision between now_s - fresh_s and now_s
+             order by (m.value ->> 1)::double precision desc
+             limit keep - 1) e;
+    perform set_config('pgrag.filter_estimates',
+                       (memo || jsonb_build_object(memo_key, jsonb_build_array(estimate, now_s)))::text,
+                       false);
+    return estimate;
+end
+$$;
+
+comment on function pgrag._filter_estimate(text) is
+    'The planner''s estimate of the chunks a filter matches, kept a minute per session';
+
+
+create or replace function pgrag._search_statement_name(statement text)
+returns text
+language sql immutable parallel safe security invoker
+set search_path = pg_catalog, pg_temp
+-- The name pgrag._search prepares a statement under: a hash of its text (64 bits, 1 µs for a
+-- 3,000-character statement where sha256 took 10; a collision only makes the two statements
+-- replace each other, since a prepared statement runs only if it is the very text wanted).
+return 'pgrag_search_' || to_hex(hashtextextended(statement, 0));
+
+comment on function pgrag._search_statement_name(text) is
+    'The name a search statement is prepared under (a hash of its text)';
+
+
 create or replace function pgrag._search_plan(
     mode text, query_text text, query_embedding vector, model text, inout k integer,
     filter jsonb, doc_types text[], inout match text, candidates integer, ef_search integer,
@@ -334,8 +397,6 @@ as $$
 declare
     where_sql text;
     tenant_sql text;
-    cur refcursor;
-    plan json;
     vs name;
 begin
     if mode is null or mode not in ('vector', 'hybrid', 'text') then
@@ -405,18 +466,14 @@ begin
     -- 4k, so that the two lists overlap before they are fused.
     kc := greatest(coalesce(candidates, case when mode = 'vector' then k else 4 * k end), k);
     if mode <> 'text' then
-        -- The planner's estimate of the filter's rows (EXPLAIN: about 0.1 ms): counting the
+        -- The planner's estimate of the filter's rows (pgrag._filter_estimate): counting the
         -- matches of a filter expected to match exact_threshold rows or more is skipped, the
         -- index runs at once (the count cost 4.5 ms of a 9.5 ms search at 10% of 100,000
         -- chunks, where the estimate was 9,091 against a threshold of 2,000). No filter: no
         -- count either (the index may still come back short under row-level security, and the
         -- exact scan follows, as behind a filter).
         if where_sql <> 'true' then
-            open cur no scroll for execute
-                'explain (format json) select from pgrag.chunks c where ' || where_sql;
-            fetch cur into plan;
-            close cur;
-            estimate := (plan -> 0 -> 'Plan' ->> 'Plan Rows')::double precision;
+            estimate := pgrag._filter_estimate(where_sql);
         end if;
         -- HNSW: at least twice the candidates and at least the value tuned for this store
         -- (an administrator's pgrag.ef_search setting, else pgrag.settings.ef_search, which
@@ -511,8 +568,7 @@ begin
     -- pg_prepared_statements is not readable) the statement is planned and run as it is.
     if length(p.statement) <= prepare_chars then
         begin
-            prepared := 'pgrag_search_'
-                        || left(encode(sha256(convert_to(p.statement, 'UTF8')), 'hex'), 40);
+            prepared := pgrag._search_statement_name(p.statement);
             -- (the vector parameter's type as this function's argument has it, qualified)
             wanted := format('prepare %I (text, %s) as %s', prepared,
                              pg_typeof(query_embedding), p.statement);
