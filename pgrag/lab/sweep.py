@@ -335,8 +335,11 @@ def sweep_size(
                         continue
                     _top_level(conn)
                     # timed inside a transaction begun before, as bare() times its statement
-                    # (the BEGIN's round trip is the harness's, 0.1-0.15 ms, not pgrag's)
-                    with conn.transaction(force_rollback=True):
+                    # (the BEGIN's round trip is the harness's, 0.1-0.15 ms, not pgrag's), and
+                    # committed as bare()'s is: a rollback would undo what the session keeps
+                    # for the next search (pgrag._filter_estimate), as an application that
+                    # commits or runs in autocommit keeps it
+                    with conn.transaction():
                         t = time.perf_counter()
                         res = pgrag_vector(conn, qvecs[i], flt, k)
                         times[None].append((time.perf_counter() - t) * 1000)
