@@ -6,12 +6,14 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import psycopg
 import pytest
+from psycopg import sql
 
 from pgrag import search as s
 from pgrag.embed.base import Embedder
@@ -154,12 +156,40 @@ def test_a_session_keeps_a_filters_estimate_a_minute_and_ignores_a_bad_one(
         planted = s.search(conn, vector=q[0], model="synthetic", k=5, mode="vector", filter=flt)
         assert planted.scan == "index" and first.scan == "exact"
         assert len(planted.hits) == 5 and all(h.metadata["p1"] for h in planted.hits)
-        # values not of its shape: ignored, and replaced by the estimate
-        for bad in ("not json", "[1, 2]", json.dumps({key: ["x", "y"]}), json.dumps({key: 5})):
+        # values not of its shape, too large, too deep or out of float range (a review found
+        # these failed every filtered search of the session): ignored, replaced by the estimate
+        now = f"{time.time():.3f}"
+        bad_values = [
+            "not json",
+            "[1, 2]",
+            json.dumps({key: ["x", "y"]}),
+            json.dumps({key: 5}),
+            f'{{"{key}": [1, {now}], }}',
+            f'{{"{key}": [1, 1e1000000]}}',
+            "[" * 100_000,
+            json.dumps({f"{i:016x}": [1, float(now)] for i in range(200)}),
+        ]
+        for bad in bad_values:
             conn.execute("select set_config('pgrag.filter_estimates', %s, false)", (bad,))
             res = s.search(conn, vector=q[1], model="synthetic", k=5, mode="vector", filter=flt)
-            assert res.scan == "exact" and len(res.hits) == 5, bad
-            assert list(json.loads(conn.execute(memo).fetchone()[0])) == [key]  # type: ignore[index]
+            assert len(res.hits) == 5, bad[:40]
+            kept = json.loads(conn.execute(memo).fetchone()[0])  # type: ignore[index]
+            assert list(kept) == [key] and 100 <= kept[key][0] <= 400, bad[:40]
+        # of its shape but out of float range: read as numeric, clamped; searched all the same
+        for shaped in ('{"zz": [1, 1e400]}', f'{{"{key}": [1e400, {now}]}}',
+                       f'{{"{key}": [1e-400, {now}]}}'):  # fmt: skip
+            conn.execute("select set_config('pgrag.filter_estimates', %s, false)", (shaped,))
+            res = s.search(conn, vector=q[1], model="synthetic", k=5, mode="vector", filter=flt)
+            assert len(res.hits) == 5 and all(h.metadata["p1"] for h in res.hits), shaped
+        # an estimate of another role's view of the table is not kept where this session's
+        # role could read it
+        conn.execute("select set_config('pgrag.filter_estimates', '', false)")
+        row = conn.execute("select reader_role from pgrag.settings").fetchone()
+        assert row is not None
+        with conn.transaction():
+            conn.execute(sql.SQL("set local role {}").format(sql.Identifier(row[0])))
+            s.search(conn, vector=q[1], model="synthetic", k=5, mode="vector", filter=flt)
+        assert conn.execute(memo).fetchone() == ("",)
         # the 20 newest filters are kept
         for topic in range(25):
             s.search(

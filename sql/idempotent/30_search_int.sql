@@ -97,24 +97,33 @@ comment on function pgrag._search_tsquery(text, text, text[]) is
 
 create or replace function pgrag._filter_index_keys()
 returns text[]
-language sql stable security invoker
+language plpgsql stable security invoker
 set search_path = pg_catalog, pg_temp
+as $$
 -- The top-level keys of the filters of the store's filter indexes (pgrag/filter_index.py:
 -- partial HNSW indexes named chunks_embedding_hnsw_f_*, their filter JSON as the comment).
 -- Searches give these keys a condition of their own, which the planner matches against
--- the indexes' predicates. A comment that is not a JSON object is not a filter: skipped. (One
--- query, no exception block per index: every filtered search reads this.)
-return array(
-    select distinct k.key
-      from pg_index x
-      join pg_class i on i.oid = x.indexrelid
-      cross join lateral (select obj_description(x.indexrelid, 'pg_class') as d) c
-      cross join lateral jsonb_object_keys(
-          case when pg_input_is_valid(c.d, 'jsonb') and jsonb_typeof(c.d::jsonb) = 'object'
-               then c.d::jsonb else '{}' end) k(key)
-     where x.indrelid = (select to_regclass('pgrag.chunks'))
-       and i.relname like 'chunks\_embedding\_hnsw\_f\_%'
-     order by k.key);
+-- the indexes' predicates. A comment that is not a JSON object is not a filter: skipped.
+declare
+    d text;
+    keys text[] := '{}';
+begin
+    for d in select obj_description(x.indexrelid, 'pg_class')
+               from pg_index x
+               join pg_class i on i.oid = x.indexrelid
+              where x.indrelid = 'pgrag.chunks'::regclass
+                and i.relname like 'chunks\_embedding\_hnsw\_f\_%' loop
+        begin
+            if jsonb_typeof(d::jsonb) = 'object' then
+                keys := keys || array(select jsonb_object_keys(d::jsonb));
+            end if;
+        exception when invalid_text_representation then
+            null;
+        end;
+    end loop;
+    return array(select distinct k from unnest(keys) as u(k) order by k);
+end
+$$;
 
 comment on function pgrag._filter_index_keys() is
     'The top-level keys of the filter indexes'' filters, which searches split out';
@@ -313,32 +322,40 @@ set search_path = pg_catalog, pg_temp
 as $$
 -- The planner's estimate of the chunks where_sql matches, which decides whether a search counts
 -- the filter's matches first (pgrag._search_statement's skip_count). EXPLAIN costs 70 µs on a
--- warm backend, 0.18 ms between searches; its answer moves only when ANALYZE runs. So a session
--- keeps it for a minute, as it keeps the statement prepared for the same filter: the setting
--- pgrag.filter_estimates holds {key: [rows, epoch seconds]} for the 20 newest filters (key: a
--- hash of the role and where_sql, since row-level security enters the estimate). Any role of
--- the session may set that setting: a value not of that shape is ignored, and one of that shape
--- only sends a search down the other path (count first, or the index at once), whose cost is
--- time, as of any wrong estimate (docs/search.md). (Volatile: EXPLAIN runs in no other kind of
--- function.)
+-- warm backend, 0.18 ms between searches; its answer moves with the table's statistics and
+-- size, not from one search to the next. So a session keeps it for a minute, as it keeps the
+-- statement prepared for the same filter: the setting pgrag.filter_estimates holds
+-- {key: [rows, epoch seconds]} for the 20 newest filters (key: a hash of the role and
+-- where_sql). Only the session's own role keeps one: under a security definer function or SET
+-- ROLE the estimate is another role's view of the table (row-level security enters it), which
+-- the session's role could read there. Any role of the session may set that setting: a value
+-- over 4,000 characters or not of that shape is ignored (never parsed: a deep or huge one
+-- would fail or slow every search), numbers are read as numeric and clamped, and a value of
+-- that shape only sends a search down the other path (count first, or the index at once),
+-- whose cost is time, as of any wrong estimate (docs/search.md). (Volatile: EXPLAIN runs in
+-- no other kind of function.)
 declare
     keep constant integer := 20;
-    fresh_s constant double precision := 60;
-    now_s double precision := extract(epoch from clock_timestamp());
+    fresh_s constant numeric := 60;
+    kept boolean := current_user = session_user;
+    now_s numeric := extract(epoch from clock_timestamp());
     memo_key text := to_hex(hashtextextended(current_user || ' ' || where_sql, 0));
     held text := current_setting('pgrag.filter_estimates', true);
+    num constant text := '-?[0-9]+(\.[0-9]+)?(e[-+]?[0-9]{1,3})?';
+    entry constant text := '"[0-9a-f]{1,16}": \[' || num || ', ' || num || '\]';
     memo jsonb := '{}';
     hit jsonb;
     cur refcursor;
     plan json;
     estimate double precision;
 begin
-    if pg_input_is_valid(held, 'jsonb') and jsonb_typeof(held::jsonb) = 'object' then
+    -- the shape pgrag writes: {"<hex>": [<number>, <number>], ...}
+    if kept and length(held) <= 4000
+       and held ~ ('^\{(' || entry || '(, ' || entry || ')*)?\}$') then
         memo := held::jsonb;
         hit := memo -> memo_key;
-        if jsonb_typeof(hit -> 0) = 'number' and jsonb_typeof(hit -> 1) = 'number'
-           and (hit ->> 1)::double precision between now_s - fresh_s and now_s then
-            return (hit ->> 0)::double precision;
+        if hit is not null and (hit ->> 1)::numeric between now_s - fresh_s and now_s then
+            return least(greatest(round((hit ->> 0)::numeric), 0), 1e15)::double precision;
         end if;
     end if;
     open cur no scroll for execute 'explain (format json) select from pgrag.chunks c where '
@@ -346,17 +363,19 @@ begin
     fetch cur into plan;
     close cur;
     estimate := (plan -> 0 -> 'Plan' ->> 'Plan Rows')::double precision;
-    select coalesce(jsonb_object_agg(e.key, e.value), '{}') into memo
-      from (select m.key, m.value
-              from jsonb_each(memo) m
-             where m.key <> memo_key and jsonb_typeof(m.value -> 0) = 'number'
-               and jsonb_typeof(m.value -> 1) = 'number'
-               and (m.value ->> 1)::double precision between now_s - fresh_s and now_s
-             order by (m.value ->> 1)::double precision desc
-             limit keep - 1) e;
-    perform set_config('pgrag.filter_estimates',
-                       (memo || jsonb_build_object(memo_key, jsonb_build_array(estimate, now_s)))::text,
-                       false);
+    if kept then
+        select coalesce(jsonb_object_agg(e.key, e.value), '{}') into memo
+          from (select m.key, m.value
+                  from jsonb_each(memo) m
+                 where m.key <> memo_key
+                   and (m.value ->> 1)::numeric between now_s - fresh_s and now_s
+                 order by (m.value ->> 1)::numeric desc
+                 limit keep - 1) e;
+        perform set_config('pgrag.filter_estimates',
+                           (memo || jsonb_build_object(memo_key,
+                                                       jsonb_build_array(estimate, now_s)))::text,
+                           false);
+    end if;
     return estimate;
 end
 $$;
