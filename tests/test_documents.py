@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from pgrag import documents
+from pgrag import documents, migrate
 from pgrag.errors import DocumentError, mapped_database_errors
 
 from .conftest import PATIENCE_S, wait_for, waits_on_lock
@@ -379,6 +379,89 @@ def test_a_failing_render_is_recorded_and_never_fails_the_write(
     assert shop.execute("select count(*) from pgrag.render_errors").fetchone() == (0,)
     assert documents.verify(shop, "fragile") == []
     assert json.dumps(documents.list_types(shop)[0].metadata_schema)  # still readable
+
+
+@pytest.mark.parametrize("mode", ["commit", "queue"])
+def test_a_renamed_table_never_fails_the_write_nor_leaves_a_document_stale(
+    db_url: str, mode: str
+) -> None:
+    """Key queries are text, and a watched table's generated functions carry its name: after a
+    rename (found trying pgrag on a schema of its own) a write to another watched table failed
+    at commit, and a write to the renamed table left its document stale without a word. Now the
+    write commits, the type goes whole to the worker, and a warning names cause and fix."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        _renamed_tables(conn, db_url, mode)
+
+
+def _renamed_tables(conn: psycopg.Connection[Any], url: str, mode: str) -> None:
+    conn.execute("create table public.a (id int primary key, name text)")
+    conn.execute(
+        "create table public.b (id int primary key, a_id int references public.a, note text)"
+    )
+    conn.execute("insert into public.a values (1, 'one'); insert into public.b values (10, 1, 'x')")
+    documents.declare(
+        conn,
+        "a_doc",
+        "select a.id as source_key, a.name || ' ' || coalesce((select string_agg(b.note, ',' "
+        "order by b.id) from public.b where b.a_id = a.id), '') as text from public.a",
+        {
+            "public.a": "select id from changed",
+            "public.b": "select x.id from changed c join public.a x on x.id = c.a_id",
+        },
+    )
+    documents.refresh(conn, "a_doc")
+    if mode == "queue":
+        conn.execute("select pgrag.set_sync('a_doc', 'queue')")
+    notices: list[str] = []
+    conn.add_notice_handler(lambda d: notices.append(str(d.message_primary)))
+
+    def text() -> str:  # the worker's renders, until the queue is empty
+        for _ in range(5):
+            taken = conn.execute("select entries from pgrag.render_queued(1000)").fetchone()
+            if taken == (0,):
+                break
+        found = chunk(conn, "a_doc", "1")
+        assert found is not None
+        return str(found["text"])
+
+    # a table the key query names, renamed: the write to b commits
+    conn.execute("alter table public.a rename to a2")
+    conn.execute("insert into public.b values (11, 1, 'y')")
+    assert conn.execute("select count(*) from public.b").fetchone() == (2,)
+    assert text() == "one x,y"  # (queue mode: the worker's render met the failure)
+    failed = "key query of document type a_doc for table public.b failed"
+    assert any(failed in n and 'relation "public.a" does not exist' in n for n in notices), notices
+    # the watched table itself, renamed: its functions carry the old name
+    notices.clear()
+    conn.execute("alter table public.b rename to b2")
+    conn.execute("insert into public.b2 values (12, 1, 'z')")
+    assert text() == "one x,y,z"
+    assert any("pgrag_docs.keys_a_doc_" in n and "is missing" in n for n in notices), notices
+    # the fixes the hint names: `pgrag db upgrade` regenerates the functions under the new
+    # name (what is left is the key query naming public.a) ...
+    migrate.upgrade(url)
+    notices.clear()
+    conn.execute("insert into public.b2 values (13, 1, 'w')")
+    assert text() == "one x,y,z,w"
+    assert notices and not any("is missing" in n for n in notices), notices
+    # ... and the type declared again with the tables' current names
+    documents.declare(
+        conn,
+        "a_doc",
+        "select a.id as source_key, a.name || ' ' || coalesce((select string_agg(b.note, ',' "
+        "order by b.id) from public.b2 b where b.a_id = a.id), '') as text from public.a2 a",
+        {
+            "public.a2": "select id from changed",
+            "public.b2": "select x.id from changed c join public.a2 x on x.id = c.a_id",
+        },
+    )
+    if mode == "queue":
+        conn.execute("select pgrag.set_sync('a_doc', 'queue')")
+    notices.clear()
+    conn.execute("insert into public.b2 values (14, 1, 'v')")
+    assert text() == "one x,y,z,w,v"
+    assert not notices
+    assert documents.verify(conn, "a_doc") == []
 
 
 def test_a_key_the_source_yields_twice_is_a_render_error_not_a_silent_pick(

@@ -879,6 +879,41 @@ end
 $fn$;
 
 
+create or replace function pgrag._keys_failed(doc_type text, source_table regclass, cause text)
+returns void
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+#variable_conflict use_variable
+-- A watch's key query failed, or its generated function is missing: which documents the
+-- change touched is unknown. Never the write's failure, never a silent skip: every document of
+-- the type goes to the worker (pgrag.render_queue, with the caller's transaction), and a
+-- WARNING (in the writer's session and the server log) names the cause and the fix. What
+-- causes it: a table the key query names was renamed or dropped (key queries are text), or a
+-- watched table was renamed (its generated functions carry its name) since the declaration.
+-- A type with sensitive columns gets the SQLSTATE's class only: a message may quote a value.
+begin
+    raise warning using
+        message = format('pgrag: the key query of document type %s for table %s failed: %s; '
+                         'every %s document is queued for the worker',
+                         doc_type, source_table,
+                         case when exists (select from pgrag.doc_types d
+                                            where d.name = doc_type and d.sensitive <> '{}')
+                              then 'message withheld (the type has sensitive columns)'
+                              else cause end,
+                         doc_type),
+        hint = format('after renaming or dropping a table the declaration names, declare %s '
+                      'again (pgrag.declare_document) with the tables'' current names; after '
+                      'renaming a watched table, `pgrag db upgrade` regenerates its functions',
+                      doc_type);
+    perform pgrag._defer(jsonb_build_object(doc_type, null));
+end
+$fn$;
+
+comment on function pgrag._keys_failed(text, regclass, text) is
+    'A watch''s key query failed: every document of the type to the worker, and a warning';
+
+
 create or replace function pgrag._keys_of_rows(entries refcursor, skip jsonb default '{}')
 returns jsonb
 language plpgsql volatile security invoker
@@ -893,7 +928,9 @@ as $fn$
 -- a million wide rows records gigabytes). A type's keys are gathered in an array and merged
 -- into the result once, when its entries end: merged batch by batch, the result was sorted
 -- again at every batch, and a statement of 200,000 rows spent 46 of its 64 s there (a million
--- had not finished after 45 minutes).
+-- had not finished after 45 minutes). A key query that fails, or a watch whose function is
+-- missing, hands the type's every document to the worker (pgrag._keys_failed), never the
+-- caller's failure and never a silent skip.
 declare
     r record;
     fn text;
@@ -907,6 +944,8 @@ declare
     result jsonb := '{}';
     got boolean;
     flush boolean;
+    failure text;
+    failed text[] := '{}';  -- types whose key query failed: queued whole (pgrag._keys_failed)
 begin
     loop
         fetch entries into r;
@@ -923,15 +962,40 @@ begin
               into fn
               from pg_class c join pg_namespace n on n.oid = c.relnamespace
              where c.oid = cur_table;
-            if fn is not null
-               and to_regprocedure(format('pgrag_docs.%I(text[])', fn)) is not null then
-                execute format('select pgrag_docs.%I($1)', fn) into keys using batch;
-                type_keys := coalesce(type_keys, '{}');
-                -- one element at a time: PL/pgSQL appends a single element to the variable in
-                -- place, where `type_keys || keys` would copy all the keys so far at each batch
-                foreach one_key in array coalesce(keys, '{}') loop
-                    type_keys := type_keys || one_key;
-                end loop;
+            failure := null;
+            if cur_type = any(failed) then
+                null;  -- its documents are queued whole already
+            elsif fn is null or to_regprocedure(format('pgrag_docs.%I(text[])', fn)) is null then
+                -- a watch still declared whose function is gone (the table was renamed: the
+                -- name carries its old name); a watch dropped since: nothing to do
+                if exists (select from pgrag.doc_watches w
+                            where w.doc_type = cur_type and w.source_table = cur_table) then
+                    failure := format('its function pgrag_docs.%s is missing',
+                                      coalesce(fn, 'keys_' || cur_type || '_*'));
+                end if;
+            else
+                begin
+                    execute format('select pgrag_docs.%I($1)', fn) into keys using batch;
+                exception
+                    when deadlock_detected or serialization_failure or lock_not_available
+                         or query_canceled then
+                        raise;
+                    when others then
+                        failure := sqlerrm;
+                end;
+                if failure is null then
+                    type_keys := coalesce(type_keys, '{}');
+                    -- one element at a time: PL/pgSQL appends a single element to the variable
+                    -- in place, where `type_keys || keys` would copy all the keys so far at
+                    -- each batch
+                    foreach one_key in array coalesce(keys, '{}') loop
+                        type_keys := type_keys || one_key;
+                    end loop;
+                end if;
+            end if;
+            if failure is not null then
+                perform pgrag._keys_failed(cur_type, cur_table, failure);
+                failed := failed || cur_type;
             end if;
             batch := '{}';
             batch_chars := 0;
@@ -1157,14 +1221,25 @@ begin
             end
             $body$, source_table, format(keys_sql, kq))));
     if reads is not null and cardinality(reads) = 0 then
+        -- (a key query that fails, as one naming a table renamed since, never fails the
+        -- write: pgrag._keys_failed queues the type whole and warns)
         body := format($b$
-            if tg_op = 'INSERT' then
-                with changed as (select * from pgrag_new) %1$s;
-            elsif tg_op = 'UPDATE' then
-                with changed as (select * from pgrag_new union all select * from pgrag_old) %1$s;
-            else
-                with changed as (select * from pgrag_old) %1$s;
-            end if;
+            begin
+                if tg_op = 'INSERT' then
+                    with changed as (select * from pgrag_new) %1$s;
+                elsif tg_op = 'UPDATE' then
+                    with changed as (select * from pgrag_new union all select * from pgrag_old) %1$s;
+                else
+                    with changed as (select * from pgrag_old) %1$s;
+                end if;
+            exception
+                when deadlock_detected or serialization_failure or lock_not_available
+                     or query_canceled then
+                    raise;
+                when others then
+                    perform pgrag._keys_failed(%2$L, tg_relid, sqlerrm);
+                    keys := null;
+            end;
             if cardinality(keys) > 0 then
                 perform pgrag._record(%2$L, keys, tg_relid, null, tg_op, queue);
             end if;$b$, format(keys_sql, kq), doc_type);
