@@ -381,6 +381,29 @@ def test_a_failing_render_is_recorded_and_never_fails_the_write(
     assert json.dumps(documents.list_types(shop)[0].metadata_schema)  # still readable
 
 
+def test_a_null_text_is_a_render_failure_not_a_missing_document(
+    shop: psycopg.Connection[Any],
+) -> None:
+    """A source row whose text is NULL cannot be stored (23502, recorded); verify called it
+    missing and sent the user to a rebuild, which cannot help."""
+    documents.declare(
+        shop,
+        "nulltext",
+        "select customer_id as source_key, case when customer_id <> 2 then name end as text "
+        "from shop.customers",
+        {"shop.customers": "select customer_id from changed"},
+    )
+    documents.refresh(shop, "nulltext")
+    errors = shop.execute(
+        "select source_key, sqlstate from pgrag.render_errors where doc_type = 'nulltext'"
+    ).fetchall()
+    assert errors == [("2", "23502")]
+    problems = documents.verify(shop, "nulltext")
+    assert [(m.source_key, m.problem) for m in problems] == [
+        ("2", "render failed (23502): the source gives this document a NULL text")
+    ]
+
+
 @pytest.mark.parametrize("mode", ["commit", "queue"])
 def test_a_renamed_table_never_fails_the_write_nor_leaves_a_document_stale(
     db_url: str, mode: str
@@ -429,6 +452,12 @@ def _renamed_tables(conn: psycopg.Connection[Any], url: str, mode: str) -> None:
     conn.execute("insert into public.b values (11, 1, 'y')")
     assert conn.execute("select count(*) from public.b").fetchone() == (2,)
     assert text() == "one x,y"  # (queue mode: the worker's render met the failure)
+    # the worker's whole-type render counts the type's documents in its lag (it counted 0)
+    whole = conn.execute(
+        "select documents from pgrag.render_lag where doc_type = 'a_doc' "
+        "order by rendered_at desc limit 1"
+    ).fetchone()
+    assert whole == (1,)
     failed = "key query of document type a_doc for table public.b failed"
     assert any(failed in n and 'relation "public.a" does not exist' in n for n in notices), notices
     # the watched table itself, renamed: its functions carry the old name

@@ -381,6 +381,15 @@ def test_verify_names_the_fix_that_works(db_url: str) -> None:
         assert stale.returncode == 1
         assert "kt_a 1: stale text" in stale.stdout
         assert "run `pgrag rebuild kt_a` to fix them" in stale.stderr
+        assert "render queue" not in stale.stderr
+        # written in queue mode: stale until the worker renders it, which the advice says
+        with c.transaction():
+            c.execute("set local pgrag.sync = queue")
+            c.execute("update kt.a set text = 'One'")
+        queued = run_pgrag("--database-url", db_url, "verify")
+        assert queued.returncode == 1
+        assert "1 render queue entries wait for the worker (`pgrag worker`)" in queued.stderr
+        assert "else run `pgrag rebuild kt_a` to fix them" in queued.stderr
 
         c.execute("drop table kt.b")
         gone = run_pgrag("--database-url", db_url, "verify")

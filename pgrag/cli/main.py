@@ -574,6 +574,7 @@ def verify(state: _State, doc_type: str | None, limit: int) -> None:
     with connect(state.url()) as client:
         client.require_schema()
         problems = client.verify(doc_type)
+        queued = client.status().render_queued if problems else None
     if not problems:
         click.echo("all chunks match their source views")
         return
@@ -581,13 +582,15 @@ def verify(state: _State, doc_type: str | None, limit: int) -> None:
         click.echo(f"{p.doc_type} {p.source_key}: {p.problem}")
     if len(problems) > limit:
         click.echo(f"... and {len(problems) - limit} more")
-    click.echo(f"{len(problems)} mismatches: {verify_advice(problems)}", err=True)
+    click.echo(f"{len(problems)} mismatches: {verify_advice(problems, queued)}", err=True)
     sys.exit(1)
 
 
-def verify_advice(problems: list[Mismatch]) -> str:
+def verify_advice(problems: list[Mismatch], queued: int | None = None) -> str:
     """What fixes these mismatches: a rebuild re-renders documents, but cannot bring back a
-    type whose source view is gone (it would fail, or remove every chunk of the type)."""
+    type whose source view is gone (it would fail, or remove every chunk of the type); the
+    documents waiting in the render queue (``queued`` entries) show as stale until the worker
+    renders them."""
     gone = sorted({p.doc_type for p in problems if p.source_key is None})
     failed = sorted({p.doc_type for p in problems if p.problem.startswith("render failed")})
     stale = sorted(
@@ -604,9 +607,14 @@ def verify_advice(problems: list[Mismatch]) -> str:
             f"documents of {', '.join(failed)} cannot be rendered: fix the view or the data "
             "(the error is above); the next write or rebuild renders them"
         )
+    if stale and queued:
+        advice.append(
+            f"{queued:,} render queue entries wait for the worker (`pgrag worker`): the "
+            "documents they name show as stale until it renders them"
+        )
     if stale:
         which = f" {stale[0]}" if len(stale) == 1 else ""
-        advice.append(f"run `pgrag rebuild{which}` to fix them")
+        advice.append(f"{'else ' if queued else ''}run `pgrag rebuild{which}` to fix them")
     if gone:
         advice.append(
             f"the source view of {', '.join(gone)} is gone: re-declare the type "

@@ -1306,18 +1306,29 @@ as $fn$
 #variable_conflict use_variable
 -- Drop the sync triggers of one watched table and their generated functions (dropping a
 -- trigger takes the table's owner; the functions, the type's declarer).
+-- Only what exists is dropped: `drop ... if exists` of what does not printed a NOTICE each,
+-- six before a failing declaration's own error.
 declare
     suffix text;
+    f regprocedure;
 begin
     if exists (select 1 from pg_class where oid = source_table) then
         foreach suffix in array array['ins', 'upd', 'del', 'trn'] loop
-            execute format('drop trigger if exists %I on %s',
-                           format('pgrag_%s_%s', doc_type, suffix), source_table);
+            if exists (select from pg_trigger g
+                        where g.tgrelid = source_table
+                          and g.tgname = format('pgrag_%s_%s', doc_type, suffix)) then
+                execute format('drop trigger %I on %s',
+                               format('pgrag_%s_%s', doc_type, suffix), source_table);
+            end if;
         end loop;
-        execute format('drop function if exists pgrag_docs.%I()',
-                       pgrag._generated('sync', doc_type, source_table));
-        execute format('drop function if exists pgrag_docs.%I(text)',
-                       pgrag._generated('keys', doc_type, source_table));
+        for f in select x from (values
+                     (to_regprocedure(format('pgrag_docs.%I()',
+                                             pgrag._generated('sync', doc_type, source_table)))),
+                     (to_regprocedure(format('pgrag_docs.%I(text[])',
+                                             pgrag._generated('keys', doc_type, source_table))))
+                 ) v(x) where x is not null loop
+            execute format('drop function %s', f);
+        end loop;
     end if;  -- else the table is gone, and its triggers with it (drop_document sweeps the rest)
 end
 $fn$;

@@ -440,7 +440,12 @@ begin
             )
             select coalesce(jsonb_agg(jsonb_build_array(
                        coalesce(s.source_key, ch.source_key),
-                       case when ch.source_key is null then 'missing'
+                       case when s.source_key is not null and s.text is null
+                                 -- (the store records it as 23502; "missing" sent users to
+                                 -- a rebuild, which cannot help)
+                                 then 'render failed (23502): the source gives this document '
+                                      || 'a NULL text'
+                            when ch.source_key is null then 'missing'
                             when s.source_key is null then 'extra'
                             when s.text is distinct from ch.text then 'stale text'
                             when s.metadata is distinct from ch.metadata then 'stale metadata'
@@ -917,7 +922,9 @@ begin
     n := pgrag._render_todo(todo);
     insert into pgrag.render_lag (doc_type, documents, lags_ms)
     select s.doc_type,
-           coalesce(jsonb_array_length(nullif(todo -> s.doc_type, 'null')), 0),
+           case when todo -> s.doc_type = 'null'  -- rendered whole: the type's documents
+                then (select count(*)::integer from pgrag.chunks c where c.doc_type = s.doc_type)
+                else coalesce(jsonb_array_length(todo -> s.doc_type), 0) end,
            array_agg(extract(epoch from clock_timestamp() - s.queued_at)::real * 1000)
       from pgrag.render_queue s where s.id = any(ids) group by s.doc_type;
     return query select cardinality(ids), n,
