@@ -374,20 +374,20 @@ def test_verify_names_the_fix_that_works(db_url: str) -> None:
         assert unknown.stderr.count("\n") == 1
         assert "no_such_type is not declared (declared: kt_a, kt_b)" in unknown.stderr
 
-        with c.transaction():
-            c.execute("set local pgrag.sync = off")
-            c.execute("update kt.a set text = 'ONE'")
-        stale = run_pgrag("--database-url", db_url, "verify")
-        assert stale.returncode == 1
+        def written_then_verified(mode: str, text: str) -> Any:
+            with c.transaction():
+                c.execute(sql.SQL("set local pgrag.sync = {}").format(sql.Literal(mode)))
+                c.execute("update kt.a set text = %s", (text,))
+            done = run_pgrag("--database-url", db_url, "verify")
+            assert done.returncode == 1
+            return done
+
+        stale = written_then_verified("off", "ONE")
         assert "kt_a 1: stale text" in stale.stdout
         assert "run `pgrag rebuild kt_a` to fix them" in stale.stderr
         assert "render queue" not in stale.stderr
         # written in queue mode: stale until the worker renders it, which the advice says
-        with c.transaction():
-            c.execute("set local pgrag.sync = queue")
-            c.execute("update kt.a set text = 'One'")
-        queued = run_pgrag("--database-url", db_url, "verify")
-        assert queued.returncode == 1
+        queued = written_then_verified("queue", "One")
         assert "1 render queue entries wait for the worker (`pgrag worker`)" in queued.stderr
         assert "else run `pgrag rebuild kt_a` to fix them" in queued.stderr
 
