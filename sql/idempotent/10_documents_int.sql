@@ -573,6 +573,21 @@ end
 $fn$;
 
 
+create or replace function pgrag._contention(state text)
+returns boolean
+language sql immutable parallel safe security invoker
+set search_path = pg_catalog, pg_temp
+-- The errors a render or a key query keeps for its caller to retry (a deadlock, a
+-- serialization failure, a lock timeout), where others are recorded or handed on: one list for
+-- every handler (`when others then if pgrag._contention(sqlstate) then raise; end if; ...`).
+-- A cancellation or a statement timeout (57014) goes through by itself: `when others` never
+-- catches it.
+return state in ('40P01', '40001', '55P03');
+
+comment on function pgrag._contention(text) is
+    'Whether an error is contention (deadlock, serialization failure, lock timeout): re-raised';
+
+
 create or replace function pgrag._store(doc_type text, keys text[], on_error text default 'record')
 returns bigint
 language plpgsql volatile security invoker
@@ -595,10 +610,10 @@ begin
     begin
         execute format('select pgrag_docs.%I($1::text[])', 'store_' || doc_type) into n using keys;
     exception
-        when deadlock_detected or serialization_failure or lock_not_available
-             or query_canceled then
-            raise;
         when others then
+            if pgrag._contention(sqlstate) then
+                raise;
+            end if;
             if on_error = 'raise' and keys is null then
                 raise;
             end if;
@@ -645,10 +660,10 @@ begin
          where e.doc_type = _store_halves.doc_type and e.source_key = any(keys);
         return n;
     exception
-        when deadlock_detected or serialization_failure or lock_not_available
-             or query_canceled then
-            raise;
         when others then
+            if pgrag._contention(sqlstate) then
+                raise;
+            end if;
             if cardinality(keys) > 1 then
                 null;  -- split below
             elsif on_error = 'raise' then
@@ -891,7 +906,7 @@ as $fn$
 -- WARNING (in the writer's session and the server log) names the cause and the fix. What
 -- causes it: a table the key query names was renamed or dropped (key queries are text), or a
 -- watched table was renamed (its generated functions carry its name) since the declaration.
--- A type with sensitive columns gets the SQLSTATE's class only: a message may quote a value.
+-- A type with sensitive columns gets no message: it may quote a value.
 begin
     raise warning using
         message = format('pgrag: the key query of document type %s for table %s failed: %s; '
@@ -977,10 +992,10 @@ begin
                 begin
                     execute format('select pgrag_docs.%I($1)', fn) into keys using batch;
                 exception
-                    when deadlock_detected or serialization_failure or lock_not_available
-                         or query_canceled then
-                        raise;
                     when others then
+                        if pgrag._contention(sqlstate) then
+                            raise;
+                        end if;
                         failure := sqlerrm;
                 end;
                 if failure is null then
@@ -1233,10 +1248,10 @@ begin
                     with changed as (select * from pgrag_old) %1$s;
                 end if;
             exception
-                when deadlock_detected or serialization_failure or lock_not_available
-                     or query_canceled then
-                    raise;
                 when others then
+                    if pgrag._contention(sqlstate) then
+                        raise;
+                    end if;
                     perform pgrag._keys_failed(%2$L, tg_relid, sqlerrm);
                     keys := null;
             end;
