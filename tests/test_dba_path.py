@@ -126,6 +126,9 @@ select pgrag.refresh('author_doc');
 def walk_the_whole_path(dba_url: str, cluster: Cluster, reader: str, writer: str) -> None:
     """As the DBA: declare and render; as an application login in the writer role: write;
     embed; as a login in the reader role: search; as the DBA: downgrade to nothing."""
+    # upgrading again, in a session that has not loaded pgvector's library: a SET clause of
+    # its settings (hnsw.*) was refused to a non-superuser, so no second upgrade worked
+    migrate.upgrade(dba_url, reader_role=reader, writer_role=writer)
     with psycopg.connect(dba_url, autocommit=True) as conn:
         conn.execute(SCHEMA.encode())
     app = cluster.role(f"in role {writer}")
