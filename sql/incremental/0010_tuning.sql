@@ -82,3 +82,28 @@ exception when lock_not_available then
         hint = 'let it end (pg_stat_activity shows it), then run the upgrade again';
 end
 $$;
+
+-- The migrating role acts as the writer role (it regenerates the functions of the types
+-- declared as it, and calls them for `pgrag verify` and `rebuild`): 0006 made it a member, but
+-- checked MEMBER, which on PostgreSQL 16+ a CREATEROLE role has of the roles it creates with
+-- ADMIN alone, neither SET nor INHERIT. Such a DBA could not verify, rebuild or upgrade again
+-- once types were declared as the writer role. Granted here what 0006 meant to grant.
+do $$
+declare
+    s pgrag.settings;
+begin
+    select * into strict s from pgrag.settings;
+    if not pg_catalog.pg_has_role(current_user, s.writer_role, 'USAGE') then
+        begin
+            execute format('grant %I to %I', s.writer_role, current_user);
+        exception when insufficient_privilege then
+            raise exception using
+                errcode = 'PR006',
+                message = format('%I is not a member of the writer role %I and may not join it',
+                                 current_user, s.writer_role),
+                hint = format('have a DBA run `grant %I to %I;` and migrate again',
+                              s.writer_role, current_user);
+        end;
+    end if;
+end
+$$;
