@@ -132,8 +132,14 @@ def test_server_commands_on_the_embedded_default(tmp_path: Path) -> None:
         assert r.returncode == 0, r.stderr
         r = run_pgrag("status", env=env)
         assert r.returncode == 0 and "chunks:" in r.stdout, r.stderr
+        # short of base: what the database now lacks, and what brings it back
+        r = run_pgrag("db", "downgrade", "0009", env=env)
+        assert r.returncode == 0 and "-> 0009" in r.stdout, r.stderr
+        assert "note: below head" in r.stderr and "`pgrag rebuild`" in r.stderr, r.stderr
+        assert run_pgrag("db", "upgrade", env=env).returncode == 0
         r = run_pgrag("db", "downgrade", "base", env=env)
         assert r.returncode == 0 and "-> base" in r.stdout, r.stderr
+        assert "note" not in r.stderr
     finally:
         r = run_pgrag("server", "stop", env=env)
         assert r.returncode == 0 and "stopped" in r.stdout

@@ -396,7 +396,20 @@ def db_downgrade(state: _State, revision: str, drop_data: bool) -> None:
     url = state.url()
     before = migrate.current(url)
     migrate.downgrade(url, revision, drop_data=drop_data)
-    click.echo(f"migrated {before or 'base'} -> {migrate.current(url) or 'base'}")
+    after = migrate.current(url)
+    click.echo(f"migrated {before or 'base'} -> {after or 'base'}")
+    if after is not None and after != migrate.head():
+        click.echo(BELOW_HEAD, err=True)
+
+
+# What a database below head lacks (docs/reliability.md, "Below head"): said after a downgrade
+# that stops short of base, where a DBA might take it for a working older release.
+BELOW_HEAD = (
+    "note: below head, pgrag's functions, triggers and grants are gone: writes to watched "
+    "tables are not recorded and its roles cannot search. `pgrag db upgrade` brings them back; "
+    "then `pgrag rebuild` renders what was written meanwhile, and below 0009 each type's sync "
+    "mode was reset to commit (`pgrag documents sync TYPE queue` sets it again)"
+)
 
 
 @db.command("current")
