@@ -871,7 +871,9 @@ def _original(vocabulary: Vocabulary, keys: Sequence[tuple[str, str]], lower: st
 
 
 def _name_phrases(text: str) -> list[tuple[str, tuple[int, int]]]:
-    """Quoted phrases, and runs of two or more capitalised words (leading question words off)."""
+    """Quoted phrases, runs of two or more capitalised words (leading question words off), and
+    a capitalised word of three letters or more past the question's first word ("appointments
+    in Atlantis": taken alone, a one-word name nothing holds answered about everything)."""
     out: list[tuple[str, tuple[int, int]]] = []
     for m in _QUOTED_RE.finditer(text):
         out.append((m.group(1), m.span(1)))
@@ -885,7 +887,7 @@ def _name_phrases(text: str) -> list[tuple[str, tuple[int, int]]]:
             words = words[:-1]
         while words and words[-1].lower() in ("of", "and", "&", "de", "van", "von", "la", "le"):
             words = words[:-1]
-        if len(words) < 2:
+        if len(words) < 2 and not (words and start > 0 and len(words[0].strip(".,;:?!'")) >= 3):
             continue
         phrase = " ".join(words).rstrip(".,;:?!")
         if phrase.endswith("'s"):

@@ -99,6 +99,13 @@ def test_a_name_nowhere_in_the_data_cannot_be_found(shop: psycopg.Connection[Any
     assert r.answer.text == NOT_FOUND + "."
     assert r.not_found == "nothing in the data is named 'Zebulon Quackenbush'"
     assert r.hits == () and r.timings["search_ms"] == 0.0
+    # one word is a name too (it was left out, and the answer counted every order)
+    r = ask_(shop, "How many orders were shipped to Atlantis?")
+    assert r.answer.text == NOT_FOUND + "."
+    assert r.not_found == "nothing in the data is named 'Atlantis'"
+    # a capitalised word the texts hold is searched, not refused
+    r = ask_(shop, "Which orders had a returned Mouse?")
+    assert r.not_found is None and r.hits
 
 
 def test_a_filter_that_matches_nothing_cannot_be_found(shop: psycopg.Connection[Any]) -> None:

@@ -157,6 +157,11 @@ def test_a_name_the_data_does_not_hold_is_reported(vocabulary: Vocabulary) -> No
     assert p.filter == {}
     assert parse(vocabulary, "What happened in March 2024?").unknown_names == ()
     assert parse(vocabulary, "Which VIP Customers bought Books?").unknown_names == ()
+    # one capitalised word past the first, of three letters or more, is a name as well
+    assert parse(vocabulary, "How many orders went to Atlantis?").unknown_names == ("Atlantis",)
+    assert parse(vocabulary, "Show Atlantis orders").unknown_names == ("Atlantis",)
+    assert parse(vocabulary, "Atlantis orders?").unknown_names == ()  # the first word
+    assert parse(vocabulary, "Did I buy it?").unknown_names == ()
 
 
 def test_statuses_and_negation(vocabulary: Vocabulary) -> None:
