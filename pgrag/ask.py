@@ -85,11 +85,21 @@ def contexts_of(hits: Sequence[SearchHit]) -> list[Context]:
 
 
 def pick_statistic(
-    question: str, parsed: ParsedQuery, stats: Mapping[str, Any] | None
+    question: str,
+    parsed: ParsedQuery,
+    stats: Mapping[str, Any] | None,
+    vocabulary: Vocabulary | None = None,
+    flt: Mapping[str, Any] | None = None,
 ) -> tuple[str, Any] | None:
     """The one statistic the question asks for ("how many orders" -> <type>.order_count),
     by the words of its name, the aggregate asked for and the noun after "how many"; None when
-    no statistic's name shares a word with the question."""
+    no statistic's name shares a word with the question. With the ``vocabulary``: a type's
+    declared synonyms are words of its statistics' names ("visits" for appointment_count), and
+    a type whose metadata lacks a key the filter (``flt``, else the parsed one) names is passed
+    over: its statistics did not count what the question restricts ("appointments in the East
+    Wing", where only departments have a building, counted 0). The noun "how many" counts
+    weighs more than the others after it ("how many appointments with doctors ...":
+    appointment_count, not doctor_count)."""
     if not stats or parsed.aggregate is None:
         return None
     words = [w for w in tokens(question) if w not in ("how", "many", "much", "the", "of", "a")]
@@ -105,14 +115,22 @@ def pick_statistic(
     counting = {"count", "number", "n"}
     averaging = {"average", "avg", "mean"}
     best: tuple[float, str, Any] | None = None
+    types = vocabulary.types if vocabulary is not None else {}
+    named_keys = _filter_keys(parsed.filter if flt is None else flt)
     for doc_type in parsed.doc_types:
         values = stats.get(doc_type)
         if not isinstance(values, Mapping):
+            continue
+        if doc_type in types and not named_keys <= {*types[doc_type].keys, "doc_type"}:
             continue
         for key, value in values.items():
             if isinstance(value, Mapping | list):
                 continue
             key_words = set(name_words(str(key)))
+            for t in types.values():  # a type's synonyms are words of the names of its own
+                head_word = next(iter(name_words(t.name)), "")
+                if head_word and any(same_word(head_word, k) for k in key_words):
+                    key_words |= {w for syn in t.synonyms for w in name_words(syn)}
             if (
                 head
                 and parsed.aggregate == "count"
@@ -133,6 +151,8 @@ def pick_statistic(
             if key_words & averaging and parsed.aggregate != "avg":
                 score -= 2.0
             score += 1.0 * sum(any(same_word(h, k) for k in key_words) for h in head)
+            if head and any(same_word(head[0], k) for k in key_words):
+                score += 0.5  # the noun counted
             if score > 0 and (best is None or score > best[0]):
                 best = (score, f"{doc_type}.{key}", value)
     return None if best is None else (best[1], best[2])
@@ -328,7 +348,7 @@ def respond(f: Found, **args: Unpack[AskArgs]) -> AskResult:
             llm=llm,
             headline=None
             if rank is not None or _partial(parsed, f.vocabulary, flt)
-            else pick_statistic(f.question, parsed, stats_found),
+            else pick_statistic(f.question, parsed, stats_found, f.vocabulary, flt),
         )
     generate_ms = (time.perf_counter() - t) * 1000
     timings = {
@@ -409,6 +429,17 @@ def _outside_data(parsed: ParsedQuery, vocabulary: Vocabulary) -> bool:
     return bool(spans) and all(end < lo or start > hi for lo, hi in spans)
 
 
+def _filter_keys(f: Any) -> set[str]:
+    """The metadata keys a filter names, at any depth ($and, $or, $not)."""
+    if isinstance(f, list):
+        return set().union(*(_filter_keys(x) for x in f)) if f else set()
+    if not isinstance(f, Mapping):
+        return set()
+    return {k for k in f if not k.startswith("$")} | set().union(
+        *(_filter_keys(v) for k, v in f.items() if k.startswith("$"))
+    )
+
+
 def _partial(parsed: ParsedQuery, vocabulary: Vocabulary, flt: Mapping[str, Any]) -> bool:
     """Whether the filter picks documents by one element of a list ("booked on Pool Table":
     facilities contains it): their statistics then count the whole documents, not the part the
@@ -418,16 +449,7 @@ def _partial(parsed: ParsedQuery, vocabulary: Vocabulary, flt: Mapping[str, Any]
         for k in vocabulary.types[t].keys.values() if k.type.endswith("[]")
     }  # fmt: skip
 
-    def names(f: Any) -> set[str]:
-        if isinstance(f, list):
-            return set().union(*(names(x) for x in f)) if f else set()
-        if not isinstance(f, Mapping):
-            return set()
-        return {k for k in f if not k.startswith("$")} | set().union(
-            *(names(v) for k, v in f.items() if k.startswith("$"))
-        )
-
-    return bool(names(flt) & arrays)
+    return bool(_filter_keys(flt) & arrays)
 
 
 def _in_text(conn: psycopg.Connection[Any], phrase: str) -> bool:

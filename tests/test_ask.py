@@ -10,11 +10,12 @@ import pytest
 
 import pgrag
 from pgrag.answer import NOT_FOUND, LLMConfig
-from pgrag.ask import ask
+from pgrag.ask import ask, pick_statistic
 from pgrag.embed.base import Embedder
 from pgrag.errors import DocumentError
+from pgrag.parse import ParsedQuery
 from pgrag.rerank import Reranker
-from pgrag.vocabulary import forget_vocabulary
+from pgrag.vocabulary import KeyWords, TypeWords, Vocabulary, forget_vocabulary
 
 from .chat_server import ChatServer, Reply
 from .embed_server import default_embedder
@@ -188,3 +189,46 @@ def test_client_ask_gives_its_connection_back_before_the_rerank_and_the_llm(db_u
             use_env_llm=False,
         )
         assert result.hits and reranker.lent == 0
+
+
+def _hospital() -> Vocabulary:
+    def keys(*names: str) -> dict[str, KeyWords]:
+        return {n: KeyWords(n, "text") for n in names}
+
+    return Vocabulary(
+        {
+            "department": TypeWords("department", keys("dept_id", "building")),
+            "doctor": TypeWords("doctor", keys("doctor_id", "dept_id", "years"), "department"),
+            "appointment": TypeWords(
+                "appointment", keys("appt_id", "doctor_id", "dept_id"), "doctor",
+                synonyms=("visit",),
+            ),
+        }
+    )  # fmt: skip
+
+
+def test_the_statistic_of_the_noun_counted_of_a_type_holding_the_filter() -> None:
+    """Found asking a hospital schema: "how many appointments with doctors ..." headlined the
+    doctor count; "visits" (a declared synonym of appointment) found no statistic; and a filter
+    on a key only departments have gave appointments' count under it, 0."""
+    v = _hospital()
+    stats = {
+        "doctor": {"doctor_count": 4, "appointment_count": 75},
+        "appointment": {"appointment_count": 240},
+        "department": {"department_count": 2, "appointment_count": 82},
+    }
+
+    def pick(question: str, types: tuple[str, ...], flt: dict[str, Any]) -> Any:
+        parsed = ParsedQuery(question, flt, types, True, "stats", aggregate="count")
+        return pick_statistic(question, parsed, stats, v, flt)
+
+    q = "How many appointments with doctors who have more than 15 years of experience?"
+    assert pick(q, ("doctor",), {"years": {"$gt": 15}}) == ("doctor.appointment_count", 75)
+    assert pick("How many visits did Laura Bianchi have?", ("appointment",), {"doctor_id": 3}) == (
+        "appointment.appointment_count", 240
+    )  # fmt: skip
+    east = {"building": "East Wing"}
+    assert pick("How many appointments in the East Wing?", ("appointment", "department"), east) == (
+        "department.appointment_count", 82
+    )  # fmt: skip
+    assert pick("How many appointments in the East Wing?", ("appointment",), east) is None
