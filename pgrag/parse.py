@@ -56,6 +56,7 @@ from pgrag.vocabulary import (
 
 INTENTS = ("stats", "rank", "lookup", "search")
 MAX_FUZZY = 5  # name-like phrases of one question matched against close spellings
+MAX_NAMES_HOLDING = 5  # names a one-word phrase may stand for ("Smith": every Smith)
 AGGREGATES = ("count", "sum", "avg", "max", "min")
 
 
@@ -370,6 +371,9 @@ class _Index:
     type_words: dict[str, set[str]]  # type -> stems of its name words and synonyms
     key_words: dict[tuple[str, str], list[str]]  # (type, key) -> its words (stems)
     names: dict[str, list[tuple[str, str, str]]]  # first letter -> (folded value, type, key)
+    # a word of a name of two to six words -> (folded value, type, key): "smith" for "Alice
+    # Smith" and "James Smith"
+    name_words: dict[str, list[tuple[str, str, str]]]
 
 
 _indexes: weakref.WeakKeyDictionary[Vocabulary, _Index] = weakref.WeakKeyDictionary()
@@ -392,6 +396,7 @@ def _index(vocabulary: Vocabulary) -> _Index:
     type_words: dict[str, set[str]] = {}
     key_words: dict[tuple[str, str], list[str]] = {}
     names: dict[str, list[tuple[str, str, str]]] = {}
+    words_of_names: dict[str, list[tuple[str, str, str]]] = {}
     for t in vocabulary.types.values():
         words = {stem(w) for w in name_words(t.name) if len(w) > 2}
         words -= {stem(w) for w in _GENERIC_TYPE_WORDS}
@@ -413,11 +418,21 @@ def _index(vocabulary: Vocabulary) -> _Index:
                 if len(words_of) <= 6:
                     folded = " ".join(words_of)
                     names.setdefault(folded[:1], []).append((folded, t.name, k.name))
+                    if len(words_of) > 1:
+                        for w in set(words_of):
+                            words_of_names.setdefault(w, []).append((folded, t.name, k.name))
             for value, synonyms in k.value_synonyms.items():
                 for s in synonyms:
                     add(tokens(s), (t.name, k.name, value, "synonym"))
                 add(tokens(value), (t.name, k.name, value, "value"))
-    built = _Index(values, max((len(k) for k in values), default=0), type_words, key_words, names)
+    built = _Index(
+        values,
+        max((len(k) for k in values), default=0),
+        type_words,
+        key_words,
+        names,
+        words_of_names,
+    )
     _indexes[vocabulary] = built
     return built
 
@@ -551,6 +566,8 @@ def parse_question(
         if not free(*span):
             continue
         close = _closest_names(phrase, index) if tried < MAX_FUZZY else []
+        if not close:
+            close = _names_holding(phrase, index)
         if close:
             keys = tuple(dict.fromkeys((t, k) for _, t, k in close))
             found = list(dict.fromkeys(v for v, _, _ in close))
@@ -895,6 +912,17 @@ def _name_phrases(text: str) -> list[tuple[str, tuple[int, int]]]:
         at = text.index(words[0], start)
         out.append((phrase, (at, at + len(phrase))))
     return out
+
+
+def _names_holding(phrase: str, index: _Index) -> list[tuple[str, str, str]]:
+    """The names of several words holding a one-word phrase as one of them ("Smith": "Alice
+    Smith" and "James Smith"), when at most MAX_NAMES_HOLDING do: a surname asked alone was
+    dropped, and the answer counted everyone."""
+    wanted = tokens(phrase)
+    if len(wanted) != 1 or len(wanted[0]) < 3:
+        return []
+    found = index.name_words.get(wanted[0], [])
+    return found if 0 < len({v for v, _, _ in found}) <= MAX_NAMES_HOLDING else []
 
 
 def _closest_names(phrase: str, index: _Index) -> list[tuple[str, str, str]]:

@@ -15,7 +15,7 @@ import pytest
 
 from pgrag.filters import check_filter
 from pgrag.parse import LLMParser, ParsedQuery, parse_question
-from pgrag.vocabulary import Vocabulary, load_vocabulary, name_words
+from pgrag.vocabulary import KeyWords, TypeWords, Vocabulary, load_vocabulary, name_words
 from tests import conftest
 from tests.chat_server import ChatServer, Reply, unused_port_url
 from tests.shop_fixture import load_tiny_shop
@@ -443,3 +443,25 @@ def test_review_cases_negated_lists_verbs_with_objects_and_accents(vocabulary: V
     assert parse(cities, "offices in ÅRHUS").filter == {"city": "Århus"}
     assert parse(vocabulary, "orders in the last 3000 years").time_range is None
     assert parse(vocabulary, "orders over " + "9" * 5000).filter == {}
+
+
+def test_a_surname_asked_alone_stands_for_every_name_holding_it() -> None:
+    """Found asking a hospital schema: "How many appointments did Smith have?" dropped the
+    surname two doctors share, and counted every appointment. A one-word name is read as the
+    names of several words holding it (up to five), with a note; a word no name holds is an
+    unknown name."""
+    names = {"Alice Smith": 30, "James Smith": 20, "Grace Nakamura": 11}
+    v = Vocabulary(
+        {
+            "appointment": TypeWords(
+                "appointment",
+                {"doctor_name": KeyWords("doctor_name", "text", values=names)},
+            )
+        }
+    )
+    p = parse(v, "How many appointments did Smith have?")
+    assert p.filter == {"doctor_name": {"$in": ["Alice Smith", "James Smith"]}}, p
+    assert any("'Smith' read as 'Alice Smith' or 'James Smith'" in n for n in p.notes)
+    p = parse(v, "How many appointments did Nakamura have?")
+    assert p.filter == {"doctor_name": "Grace Nakamura"}
+    assert parse(v, "How many appointments did Zhivago have?").unknown_names == ("Zhivago",)
