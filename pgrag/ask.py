@@ -272,6 +272,25 @@ def find(conn: psycopg.Connection[Any], question: str, **args: Unpack[AskArgs]) 
             missing = "nothing in the data is named " + " or ".join(map(repr, absent))
     parse_ms = (time.perf_counter() - started) * 1000
     rank = parsed.rank_by if doc_types is None else None
+    if (
+        rank is not None
+        and types
+        and not all(
+            t in vocabulary.types
+            and rank.key in vocabulary.types[t].keys
+            and vocabulary.types[t].keys[rank.key].type in ("integer", "numeric")
+            for t in types
+        )
+    ):
+        # (the parse took the key from one type and the documents from another: "which
+        # doctor had the most appointments in 2025" ranked appointments by a doctor's
+        # statistic, and ended in an invalid-filter error)
+        notes.append(
+            f"{rank.phrase!r}: {'/'.join(types)} has no numeric key {rank.key}, "
+            "searched by similarity with the exact statistics instead"
+        )
+        rank = None
+        want_stats = True
     found: SearchResult | None = None
     if missing is None:
         if rank is not None:

@@ -232,3 +232,37 @@ def test_the_statistic_of_the_noun_counted_of_a_type_holding_the_filter() -> Non
         "department.appointment_count", 82
     )  # fmt: skip
     assert pick("How many appointments in the East Wing?", ("appointment",), east) is None
+
+
+def test_a_ranking_by_a_key_its_documents_lack_is_a_search_with_a_note(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """Found asking a hospital schema: "Which doctor had the most appointments in 2025?" took
+    the ranking key from the doctors and the documents from the appointments (the date range
+    is theirs), and ended in an invalid-filter error (exit 7)."""
+    conn.execute(
+        "create schema h; create table h.doctors (doctor_id int primary key, name text); "
+        "create table h.appointments (appt_id int primary key, doctor_id int, appt_date date); "
+        "insert into h.doctors values (1, 'Grace Nakamura'), (2, 'Alice Smith'); "
+        "insert into h.appointments "
+        "select g, 1 + g % 2, date '2025-01-01' + g from generate_series(1, 20) g"
+    )
+    conn.execute(
+        "select pgrag.declare_document('doctor', $$select d.doctor_id as source_key, "
+        "'Doctor ' || d.name as text, jsonb_build_object('doctor_id', d.doctor_id, "
+        "'appointment_count', (select count(*) from h.appointments a "
+        "where a.doctor_id = d.doctor_id)) as metadata from h.doctors d$$, "
+        """'{"h.doctors": "select doctor_id from changed"}', metadata_schema => """
+        """'{"doctor_id": "integer", "appointment_count": "integer"}'); """
+        "select pgrag.declare_document('appointment', $$select a.appt_id as source_key, "
+        "a.doctor_id as parent_key, 'Appointment on ' || a.appt_date as text, "
+        "jsonb_build_object('appt_id', a.appt_id, 'appt_date', a.appt_date) as metadata "
+        "from h.appointments a$$, "
+        """'{"h.appointments": "select appt_id from changed"}', parent_type => 'doctor', """
+        """metadata_schema => '{"appt_id": "integer", "appt_date": "date"}'); """
+        "select pgrag.refresh('doctor'), pgrag.refresh('appointment')"
+    )
+    forget_vocabulary()
+    r = ask_(conn, "Which doctor had the most appointments in 2025?")
+    assert r.hits, r
+    assert any("has no numeric key appointment_count" in n for n in r.notes), r.notes
