@@ -1274,7 +1274,23 @@ def _count(word: str | None) -> int:
 
 def _time_range(text: str, today: dt.date, free: Any) -> TimeRange | None:
     """The first time phrase of ``text``, as dates (relative phrases are counted from today)."""
+    to = r"\s+(?:and|to|through|until|till|-)\s+"
     rules: list[tuple[str, Any]] = [
+        # (ranges first: "between January 2025 and March 2025" kept January alone)
+        (
+            r"\b(?:between|from)\s+"
+            + _MONTH
+            + r"(?:,?\s+"
+            + _YEAR
+            + r")?"
+            + to
+            + _MONTH
+            + r",?\s+"
+            + _YEAR
+            + r"\b",
+            _month_to_month,
+        ),
+        (r"\b(?:between|from)\s+" + _YEAR + to + _YEAR + r"\b", _year_to_year),
         (r"\b(?:since|after|from)\s+" + _MONTH + r"(?:,?\s+" + _YEAR + r")?\b", _since_month),
         (r"\b(?:since|after|from)\s+" + _YEAR + r"\b", _since_year),
         (r"\bbefore\s+" + _MONTH + r"(?:,?\s+" + _YEAR + r")?\b", _before_month),
@@ -1300,6 +1316,24 @@ def _time_range(text: str, today: dt.date, free: Any) -> TimeRange | None:
 
 
 Span = tuple[dt.date | None, dt.date | None]
+
+
+def _month_to_month(m: re.Match[str], _today: dt.date) -> Span:
+    first, last = MONTHS[m.group(1).lower()], MONTHS[m.group(3).lower()]
+    end_year = int(m.group(4))
+    # "from November to February 2025": November of the year before
+    start_year = int(m.group(2)) if m.group(2) else end_year - (first > last)
+    start, end = dt.date(start_year, first, 1), _month_range(end_year, last)[1]
+    if start > end:
+        raise ValueError("a range that ends before it starts")
+    return start, end
+
+
+def _year_to_year(m: re.Match[str], _today: dt.date) -> Span:
+    first, last = int(m.group(1)), int(m.group(2))
+    if first > last:
+        raise ValueError("a range that ends before it starts")
+    return dt.date(first, 1, 1), dt.date(last, 12, 31)
 
 
 def _since_month(m: re.Match[str], today: dt.date) -> Span:

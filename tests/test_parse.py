@@ -220,6 +220,10 @@ def test_aggregates(vocabulary: Vocabulary) -> None:
         ("orders in Q1 2024", "2024-01-01", "2024-03-31"),
         ("orders in May", "2024-05-01", "2024-05-31"),
         ("orders before March 2024", None, "2024-02-29"),
+        # a range of months or years (the first month alone was kept, without a note)
+        ("orders between January 2024 and March 2024", "2024-01-01", "2024-03-31"),
+        ("orders from November to February 2024", "2023-11-01", "2024-02-29"),
+        ("orders between 2022 and 2023", "2022-01-01", "2023-12-31"),
     ],
 )
 def test_time_phrases_on_the_date_key_of_the_type(
