@@ -580,13 +580,23 @@ def parse_question(
         elif phrase not in unknown:
             unknown.append(phrase)
 
-    # 5. booleans: the words of a boolean key
+    # 5. booleans: the words of a boolean key, but those naming an entity (a type's words, the
+    # <entity> of an <entity>_id key) when it has others: "accepting new patients" is not
+    # patient_insured, which the answer then linked back to every department with an insured
+    # patient
     first = toks[0].word if toks else ""
+    entity_words: set[str] = set().union(*index.type_words.values()) | {
+        stem(name_words(k.name)[0])
+        for t in types.values()
+        for k in t.keys.values()
+        if len(name_words(k.name)) == 2 and name_words(k.name)[1] == "id"
+    }
     for t in types.values():
         for k in t.keys.values():
             if k.type != "boolean":
                 continue
             kwords = index.key_words[(t.name, k.name)]
+            kwords = [w for w in kwords if w not in entity_words] or kwords
             if not kwords:
                 continue
             hits = [

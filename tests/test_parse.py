@@ -469,3 +469,35 @@ def test_a_surname_asked_alone_stands_for_every_name_holding_it() -> None:
     p = parse(v, "How many appointments did Nakamura have?")
     assert p.filter == {"doctor_name": "Grace Nakamura"}
     assert parse(v, "How many appointments did Zhivago have?").unknown_names == ("Zhivago",)
+
+
+def test_a_word_naming_an_entity_is_not_a_boolean_key_that_holds_it() -> None:
+    """Found asking a hospital schema: "How many doctors are accepting new patients?" read
+    "patients" as the appointments' patient_insured too, and linked it back to the departments
+    with an insured patient, leaving out doctors with no appointments. The entity words of a
+    boolean key (a type's, the <entity> of an <entity>_id key) do not name it alone."""
+
+    def keys(**types: str) -> dict[str, KeyWords]:
+        return {n: KeyWords(n, t) for n, t in types.items()}
+
+    v = Vocabulary(
+        {
+            "department": TypeWords("department", keys(dept_id="integer")),
+            "doctor": TypeWords(
+                "doctor", keys(accepting_new_patients="boolean", dept_id="integer"), "department"
+            ),
+            "appointment": TypeWords(
+                "appointment",
+                keys(patient_id="integer", dept_id="integer", patient_insured="boolean"),
+                "doctor",
+            ),
+        }
+    )
+    for q, flag in (
+        ("are accepting new patients", True),
+        ("are not accepting new patients", False),
+    ):
+        p = parse(v, f"How many doctors {q}?")
+        assert p.filter == {"accepting_new_patients": flag} and not p.links, p
+    p = parse(v, "How many appointments of insured patients?")
+    assert p.filter == {"patient_insured": True}
