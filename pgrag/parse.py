@@ -1066,6 +1066,12 @@ def _rank(vocabulary: Vocabulary, index: _Index, text: str, toks: Sequence[_Tok]
             weights.setdefault(tok.start, 2.0)
         for tok in [x for x in toks if x.end <= m.start()][-3:]:
             weights.setdefault(tok.start, 1.0)
+    # a word naming a type counts half: the thing ranked more than the measure ("the most
+    # experienced doctor": years_experience, described "experienced", not a doctor_count)
+    type_words = set().union(*index.type_words.values())
+    for tok in toks:
+        if tok.start in weights and stem(tok.word) in type_words:
+            weights[tok.start] /= 2
     scored: dict[str, float] = {}
     for t in vocabulary.types.values():
         for k in t.keys.values():

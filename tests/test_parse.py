@@ -501,3 +501,32 @@ def test_a_word_naming_an_entity_is_not_a_boolean_key_that_holds_it() -> None:
         assert p.filter == {"accepting_new_patients": flag} and not p.links, p
     p = parse(v, "How many appointments of insured patients?")
     assert p.filter == {"patient_insured": True}
+
+
+def test_the_most_of_a_described_measure_not_of_the_type_it_ranks() -> None:
+    """Found asking a hospital schema: "Who is the most experienced doctor?" ranked by the
+    departments' doctor_count (the word "doctor"), then dropped it: the doctor's
+    years_experience, described "experienced", is the measure; the type's word counts half."""
+    v = Vocabulary(
+        {
+            "department": TypeWords(
+                "department", {"doctor_count": KeyWords("doctor_count", "integer")}
+            ),
+            "doctor": TypeWords(
+                "doctor",
+                {
+                    "years_experience": KeyWords(
+                        "years_experience", "integer", synonyms=("experienced",)
+                    )
+                },
+                "department",
+            ),
+        }
+    )
+    for q, key in (
+        ("Who is the most experienced doctor?", "years_experience"),
+        ("Which department has the most doctors?", "doctor_count"),
+        ("Which doctor has the most years of experience?", "years_experience"),
+    ):
+        p = parse(v, q)
+        assert p.rank_by is not None and p.rank_by.key == key, (q, p)
