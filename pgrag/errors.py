@@ -146,7 +146,7 @@ SQLSTATE_CLASSES["PR007"] = ModelMismatch
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (0, "success"),
     (1, "any other error"),
-    (2, "bad usage or configuration"),
+    (2, "bad usage or configuration, or a permission the role lacks"),
     (3, "the server is unreachable, cannot start or lacks pgvector"),
     (4, "the database is not migrated"),
     (5, "an embedding dimension or model mismatch"),

@@ -157,6 +157,12 @@ def walk_the_whole_path(dba_url: str, cluster: Cluster, reader: str, writer: str
         fake.close()
     assert found.returncode == 0, found.stderr
     assert '"source_key": "2"' in found.stdout, found.stdout
+    # what a reader may not do: one line naming the role and who may (exit 2, not the 1 of
+    # verify's mismatches)
+    denied = run_pgrag("verify", env={"PGRAG_DATABASE_URL": as_user(dba_url, searcher)})
+    assert denied.returncode == 2, denied.stderr
+    assert denied.stderr.count("\n") == 1 and "permission denied" in denied.stderr
+    assert f"(as role {searcher}): connect as a role that may" in denied.stderr
     assert scalar(dba_url, "select count(*) from pgrag.verify()") == 0
     with psycopg.connect(dba_url, autocommit=True) as conn:
         conn.execute("select pgrag.drop_document('author_doc')")

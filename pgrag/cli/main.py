@@ -82,11 +82,35 @@ class _Group(Group):
                 click.echo(f"pgrag: error: {not_migrated}", err=True)
                 ctx.exit(not_migrated.exit_code)
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if isinstance(exc, psycopg.errors.InsufficientPrivilege):
+                click.echo(f"pgrag: error: {first}{_as_role(ctx)}: {DENIED_HINT}", err=True)
+                ctx.exit(2)
             click.echo(f"pgrag: database error: {first}", err=True)
             ctx.exit(1)
         except KeyboardInterrupt:
             click.echo("pgrag: interrupted", err=True)
             ctx.exit(130)
+
+
+# A permission the connecting role lacks (exit 2, bad configuration: the wrong role, where exit
+# 1 also means `pgrag verify` found mismatches). Found by a DBA's try: every command a reader
+# may not run said only "database error: permission denied for ...".
+DENIED_HINT = (
+    "connect as a role that may: pgrag's writer role declares, renders and embeds, its reader "
+    "role searches, the database owner migrates (docs/security.md)"
+)
+
+
+def _as_role(ctx: click.Context) -> str:
+    """ " (as role <user>)" for the URL the command connected to, when it names a user."""
+    state = ctx.find_root().obj
+    if not isinstance(state, _State) or state.resolved is None:
+        return ""
+    try:
+        user = psycopg.conninfo.conninfo_to_dict(state.resolved).get("user")
+    except psycopg.ProgrammingError:
+        return ""
+    return f" (as role {user})" if user else ""
 
 
 def _not_migrated(ctx: click.Context, exc: psycopg.Error) -> NotMigrated | None:
