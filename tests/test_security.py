@@ -1076,7 +1076,8 @@ def test_only_the_declaring_role_describes_a_type_and_readers_cannot(crm: Crm) -
         with pytest.raises(psycopg.Error) as refused:
             conn.execute("select pgrag.describe_document('crm_account', 'hijacked')")
         # a member of the declaring role acts as it only after SET ROLE: no silent takeover
-        assert "(SET ROLE pgrag_writer)" in str(refused.value), refused.value
+        assert "(SET ROLE pgrag_writer in SQL" in str(refused.value), refused.value
+        assert "options=-c role=pgrag_writer" in str(refused.value)  # (the CLI's way)
     with psycopg.connect(as_role(crm.url, WRITER)) as conn:
         conn.execute(
             "select pgrag.describe_document('crm_account', 'A customer account', "

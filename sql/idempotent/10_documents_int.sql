@@ -282,7 +282,9 @@ begin
         raise exception using errcode = 'PR003',
             message = format('document type %s belongs to role %s, not to %s',
                              doc_type, t.owner, current_user),
-            hint = format('set %s as %s (SET ROLE %s)', what, t.owner, t.owner);
+            hint = format('set %s as %s (SET ROLE %s in SQL; from the CLI or the client, the '
+                          'URL option options=-c role=%s, e.g. ?options=-c%%20role%%3D%s)',
+                          what, t.owner, t.owner, t.owner, t.owner);
     end if;
     return t;
 end
