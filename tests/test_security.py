@@ -1088,3 +1088,39 @@ def test_only_the_declaring_role_describes_a_type_and_readers_cannot(crm: Crm) -
         ).fetchone()
         conn.rollback()
     assert row is not None and row[0]["keys"]["plan"]["synonyms"] == ["tier"]
+
+
+def test_a_declaration_missing_a_privilege_names_it(crm: Crm) -> None:
+    """Found by a DBA's try: a writer without SELECT on a table was told to schema-qualify its
+    tables; without TRIGGER, it got a bare "permission denied for table". Each names the grant
+    now, and leaves nothing declared."""
+    with psycopg.connect(crm.url, autocommit=True) as admin:
+        admin.execute(
+            "create table public.guarded (id int primary key, t text); "
+            "insert into public.guarded values (1, 'x')"
+        )
+    declare = (
+        "select pgrag.declare_document('guarded_doc', 'select id as source_key, t as text "
+        """from public.guarded', '{"public.guarded": "select id from changed"}')"""
+    )
+    try:
+        with psycopg.connect(as_role(crm.url, WRITER), autocommit=True) as conn:
+            with pytest.raises(psycopg.Error) as no_select:
+                conn.execute(declare)
+            assert "permission denied for table guarded" in str(no_select.value)
+            assert f"the declaring role {WRITER} reads the tables" in str(no_select.value)
+            assert "grant it SELECT" in str(no_select.value)
+        with psycopg.connect(crm.url, autocommit=True) as admin:
+            admin.execute(f"grant select on public.guarded to {WRITER}")
+        with psycopg.connect(as_role(crm.url, WRITER), autocommit=True) as conn:
+            with pytest.raises(psycopg.Error) as no_trigger:
+                conn.execute(declare)
+            assert f"{WRITER} may not create triggers on public.guarded" in str(no_trigger.value)
+            assert f"grant trigger on public.guarded to {WRITER};" in str(no_trigger.value)
+            left = conn.execute(
+                "select count(*) from pgrag.doc_types where name = 'guarded_doc'"
+            ).fetchone()
+            assert left == (0,)
+    finally:
+        with psycopg.connect(crm.url, autocommit=True) as admin:
+            admin.execute("drop table public.guarded")

@@ -1375,9 +1375,18 @@ begin
                                where tg.tgrelid = source_table
                                  and tg.tgname = prefix || t.suffix
                                  and tg.tgfoid = (fn || '()')::regprocedure);
-        execute format('create or replace trigger %I ' || t.event
-                       || ' for each statement execute function %s()',
-                       prefix || t.suffix, source_table, fn);
+        begin
+            execute format('create or replace trigger %I ' || t.event
+                           || ' for each statement execute function %s()',
+                           prefix || t.suffix, source_table, fn);
+        exception when insufficient_privilege then
+            -- (the privilege named, where "permission denied for table" left it to guess)
+            raise exception using errcode = 'PR003',
+                message = format('%s may not create triggers on %s, which %s watches',
+                                 current_user, source_table, doc_type),
+                hint = format('have its owner run `grant trigger on %s to %s;` (or declare as '
+                              'the owner)', source_table, current_user);
+        end;
     end loop;
 end
 $fn$;

@@ -130,7 +130,11 @@ begin
         exception when others then
             raise exception using errcode = 'PR003',
                 message = format('the source query of %s does not compile: %s', declare_document.name, sqlerrm),
-                hint = 'schema-qualify every table; the query must yield source_key, text[, parent_key][, metadata]';
+                hint = case when sqlstate = '42501'  -- (a privilege, not the query's shape)
+                            then format('the declaring role %s reads the tables the query '
+                                        'names: have their owner grant it SELECT', current_user)
+                            else 'schema-qualify every table; the query must yield source_key, '
+                                 'text[, parent_key][, metadata]' end;
         end;
         src := format('pgrag_docs.%I', view_name)::regclass;
         owns := true;
@@ -248,7 +252,11 @@ begin
             raise exception using errcode = 'PR003',
                 message = format('the key query of %s for %s does not compile: %s',
                                  declare_document.name, w.tbl_name, sqlerrm),
-                hint = 'select the document keys from `changed` (the changed rows); schema-qualify other tables';
+                hint = case when sqlstate = '42501'
+                            then format('the declaring role %s reads the tables the key query '
+                                        'names: have their owner grant it SELECT', current_user)
+                            else 'select the document keys from `changed` (the changed rows); '
+                                 'schema-qualify other tables' end;
         end;
         -- The relations the key query reads besides `changed` (its plan; `changed` as an
         -- empty function scan): none means its keys depend on the changed rows alone.
