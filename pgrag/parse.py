@@ -374,6 +374,9 @@ class _Index:
     # a word of a name of two to six words -> (folded value, type, key): "smith" for "Alice
     # Smith" and "James Smith"
     name_words: dict[str, list[tuple[str, str, str]]]
+    # the stems naming an entity: every type's words, and the <entity> of an <entity>_id key
+    # (they name what a boolean key or a ranking is about, not the key itself)
+    entity_words: set[str]
 
 
 _indexes: weakref.WeakKeyDictionary[Vocabulary, _Index] = weakref.WeakKeyDictionary()
@@ -432,6 +435,13 @@ def _index(vocabulary: Vocabulary) -> _Index:
         key_words,
         names,
         words_of_names,
+        set().union(*type_words.values())
+        | {
+            stem(name_words(k.name)[0])
+            for t in vocabulary.types.values()
+            for k in t.keys.values()
+            if len(name_words(k.name)) == 2 and name_words(k.name)[1] == "id"
+        },
     )
     _indexes[vocabulary] = built
     return built
@@ -580,23 +590,16 @@ def parse_question(
         elif phrase not in unknown:
             unknown.append(phrase)
 
-    # 5. booleans: the words of a boolean key, but those naming an entity (a type's words, the
-    # <entity> of an <entity>_id key) when it has others: "accepting new patients" is not
-    # patient_insured, which the answer then linked back to every department with an insured
-    # patient
+    # 5. booleans: the words of a boolean key, but those naming an entity (index.entity_words)
+    # when it has others: "accepting new patients" is not patient_insured, which the answer
+    # then linked back to every department with an insured patient
     first = toks[0].word if toks else ""
-    entity_words: set[str] = set().union(*index.type_words.values()) | {
-        stem(name_words(k.name)[0])
-        for t in types.values()
-        for k in t.keys.values()
-        if len(name_words(k.name)) == 2 and name_words(k.name)[1] == "id"
-    }
     for t in types.values():
         for k in t.keys.values():
             if k.type != "boolean":
                 continue
             kwords = index.key_words[(t.name, k.name)]
-            kwords = [w for w in kwords if w not in entity_words] or kwords
+            kwords = [w for w in kwords if w not in index.entity_words] or kwords
             if not kwords:
                 continue
             hits = [
@@ -1066,11 +1069,10 @@ def _rank(vocabulary: Vocabulary, index: _Index, text: str, toks: Sequence[_Tok]
             weights.setdefault(tok.start, 2.0)
         for tok in [x for x in toks if x.end <= m.start()][-3:]:
             weights.setdefault(tok.start, 1.0)
-    # a word naming a type counts half: the thing ranked more than the measure ("the most
+    # a word naming an entity counts half: the thing ranked more than the measure ("the most
     # experienced doctor": years_experience, described "experienced", not a doctor_count)
-    type_words = set().union(*index.type_words.values())
     for tok in toks:
-        if tok.start in weights and stem(tok.word) in type_words:
+        if tok.start in weights and stem(tok.word) in index.entity_words:
             weights[tok.start] /= 2
     scored: dict[str, float] = {}
     for t in vocabulary.types.values():
