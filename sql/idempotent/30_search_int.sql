@@ -416,6 +416,7 @@ as $$
 declare
     where_sql text;
     tenant_sql text;
+    schema jsonb;  -- the doc_types' metadata keys (read once: it checks them too)
     vs name;
 begin
     if mode is null or mode not in ('vector', 'hybrid', 'text') then
@@ -466,11 +467,11 @@ begin
     end if;
     if doc_types is not null then
         perform pgrag._check_names(doc_types, 'doc_types');
-        perform pgrag._filter_schema(doc_types);  -- PR003 for a type not declared
+        schema := pgrag._filter_schema(doc_types);  -- PR003 for a type not declared
     end if;
 
     where_sql := case when filter is null or filter = '{}' then 'true'
-                      else pgrag._filter_sql(filter, pgrag._filter_schema(doc_types),
+                      else pgrag._filter_sql(filter, coalesce(schema, pgrag._filter_schema(null)),
                                              pgrag._filter_index_keys()) end;
     if doc_types is not null then
         where_sql := format('(%s) and c.doc_type = any(%L::text[])', where_sql, doc_types);
