@@ -13,6 +13,7 @@ no document is missing.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from typing import Any
 
 import psycopg
@@ -396,3 +397,88 @@ def test_verify_names_the_fix_that_works(db_url: str) -> None:
         assert gone.returncode == 1
         assert "the source view of kt_b is gone: re-declare the type" in gone.stderr
         assert "rebuild kt_a" in gone.stderr and "rebuild kt_b" not in gone.stderr
+
+
+def test_names_and_keys_nobody_here_chose_keep_their_documents(db_url: str) -> None:
+    """Found on schemas nobody here wrote: a watched column named ``r`` (the row path recorded
+    its values, NULL ones as no row at all: documents silently lost), columns named ``mode``
+    or ``keys`` (ambiguous in pgrag's generated functions: every write queued the whole type),
+    a key too long for an index entry (the write itself failed at commit, and the worker
+    stopped), and a NULL key (counted, not stored, and reported as a source view gone)."""
+    with psycopg.connect(db_url, autocommit=True) as c:
+        c.execute(
+            "create schema qn; "
+            "create table qn.team (id integer primary key, name text not null); "
+            "create table qn.player (id integer primary key, team_id integer, r numeric); "
+            "insert into qn.team values (1, 'Reds'), (2, 'Blues'); "
+            "create table qn.transport (mode text primary key, description text, keys integer); "
+            "create table qn.page (url text not null, title text not null); "
+            "create table qn.nk (k text unique, v text not null)"
+        )
+        c.execute(
+            "select pgrag.declare_document('qn_player', $$select p.id as source_key, 'Player ' "
+            "|| p.id || ' plays for ' || t.name as text from qn.player p join qn.team t on "
+            't.id = p.team_id$$, \'{"qn.player": "select p.id from changed c join qn.player p '
+            'on p.id = c.id", "qn.team": "select p.id from changed c join qn.player p on '
+            "p.team_id = c.id\"}')"
+        )
+        c.execute("insert into qn.player values (10, 1, null), (11, 2, 7.5)")
+        c.execute("update qn.team set name = 'Greens' where id = 2")
+        c.execute(
+            "select pgrag.declare_document('qn_transport', $$select mode as source_key, "
+            "description as text, keys from qn.transport$$, "
+            '\'{"qn.transport": "select mode from changed where keys is not null"}\')'
+        )
+        c.execute("insert into qn.transport values ('bus', 'a big car', 1)")
+        c.execute("update qn.transport set description = 'a long car'")
+        c.execute(
+            "select pgrag.declare_document('qn_page', 'select url as source_key, title as text "
+            'from qn.page\', \'{"qn.page": "select url from changed"}\')'
+        )
+        # (incompressible: an index entry holds a compressed value, 3,000 x's fit)
+        long_url = "https://example.com/?q=" + "".join(
+            hashlib.md5(str(i).encode()).hexdigest() for i in range(94)
+        )
+        for mode in ("commit", "queue"):
+            c.execute("select pgrag.set_sync('qn_page', %s)", (mode,))
+            c.execute(  # both commit: the long key is a render error, the short one a chunk
+                "insert into qn.page values (%s, 'long'), (%s, 'short')",
+                (long_url + mode, f"https://example.com/{mode}"),
+            )
+        c.execute("select pgrag.render_queued(100)")  # the worker's render does not stop
+        texts: dict[str, str] = dict(
+            c.execute(
+                "select source_key, text from pgrag.chunks where doc_type like 'qn_%' "
+                "and length(source_key) < 100"
+            ).fetchall()
+        )
+        assert texts == {
+            "10": "Player 10 plays for Reds",
+            "11": "Player 11 plays for Greens",
+            "bus": "a long car",
+            "https://example.com/commit": "short",
+            "https://example.com/queue": "short",
+        }
+        errors = c.execute(
+            "select message from pgrag.render_errors where doc_type = 'qn_page'"
+        ).fetchall()
+        assert len(errors) == 2
+        assert all("more than an index entry holds: declare a shorter key" in e for (e,) in errors)
+        assert (
+            c.execute("select * from pgrag.render_queue where doc_type like 'qn_%'").rowcount == 0
+        )
+
+        c.execute("select pgrag.set_sync('qn_page', 'commit')")
+        c.execute("delete from qn.page where length(url) > 100")
+        c.execute(
+            "select pgrag.declare_document('qn_nk', 'select k as source_key, v as text "
+            'from qn.nk\', \'{"qn.nk": "select k from changed"}\')'
+        )
+        c.execute("insert into qn.nk values ('a', 'x'), (null, 'n1')")
+        done = run_pgrag("--database-url", db_url, "verify")
+        assert done.returncode == 1
+        assert done.stdout.splitlines() == [
+            "qn_nk NULL: a NULL source_key: the source gives a row without a key, which no "
+            "chunk can hold (leave it out of the source, or give it a key)"
+        ], done.stdout
+        assert "gives rows without a source_key" in done.stderr and "is gone" not in done.stderr

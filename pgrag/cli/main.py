@@ -616,7 +616,7 @@ def verify(state: _State, doc_type: str | None, limit: int) -> None:
         click.echo("all chunks match their source views")
         return
     for p in problems[:limit]:
-        click.echo(f"{p.doc_type} {p.source_key}: {p.problem}")
+        click.echo(f"{p.doc_type} {'NULL' if p.source_key is None else p.source_key}: {p.problem}")
     if len(problems) > limit:
         click.echo(f"... and {len(problems) - limit} more")
     click.echo(f"{len(problems)} mismatches: {verify_advice(problems, queued)}", err=True)
@@ -628,7 +628,8 @@ def verify_advice(problems: list[Mismatch], queued: int | None = None) -> str:
     type whose source view is gone (it would fail, or remove every chunk of the type); the
     documents waiting in the render queue (``queued`` entries) show as stale until the worker
     renders them."""
-    gone = sorted({p.doc_type for p in problems if p.source_key is None})
+    gone = sorted({p.doc_type for p in problems if p.problem.startswith("source view is gone")})
+    null_keys = sorted({p.doc_type for p in problems if p.problem.startswith("a NULL source_key")})
     failed = sorted({p.doc_type for p in problems if p.problem.startswith("render failed")})
     stale = sorted(
         {
@@ -639,6 +640,11 @@ def verify_advice(problems: list[Mismatch], queued: int | None = None) -> str:
         - set(gone)
     )
     advice = []
+    if null_keys:
+        advice.append(
+            f"the source of {', '.join(null_keys)} gives rows without a source_key: leave them "
+            "out of its query (`where ... is not null`) or give them a key, then declare it again"
+        )
     if failed:
         advice.append(
             f"documents of {', '.join(failed)} cannot be rendered: fix the view or the data "

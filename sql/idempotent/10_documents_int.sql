@@ -185,6 +185,69 @@ return case when kind in ('sync', 'keys')
             else format('%s_%s', kind, doc_type) end;
 
 
+create or replace function pgrag._check_generated(name text, owner regrole)
+returns boolean
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+-- Before pgrag calls pgrag_docs.<name>, a generated function of a type, for a role that may not
+-- be its declarer (a trigger's writer, the worker, an admin's refresh, a reader's statistics):
+-- it must still be what pgrag created, a security definer owned by the declarer (``owner``),
+-- the only function of that name. Its declarer owns it, so could otherwise turn it into a
+-- security invoker (ALTER FUNCTION needs only ownership) or replace its body, and run code with
+-- the caller's rights, a superuser's included; or add an overload of the same name that makes
+-- pgrag's call ambiguous for everyone. PR003 names what is wrong; false: no such function.
+declare
+    f record;
+begin
+    select count(*) as n, min(p.oid::regprocedure::text) as fn,
+           bool_and(p.prosecdef) as definer, bool_and(p.proowner = owner) as owned,
+           string_agg(distinct p.proowner::regrole::text, ', ') as owners
+      into f
+      from pg_proc p
+     where p.pronamespace = 'pgrag_docs'::regnamespace and p.proname = name;
+    if f.n = 0 then
+        return false;
+    end if;
+    if f.n > 1 then
+        raise exception using errcode = 'PR003',
+            message = format('pgrag_docs.%I has %s functions of that name (owned by %s): '
+                             'pgrag calls only the one it generated', name, f.n, f.owners),
+            hint = format('drop the others (their owner or a superuser: \df pgrag_docs.%I '
+                          'lists them), then run pgrag rebuild', name);
+    end if;
+    if not f.definer or not f.owned then
+        raise exception using errcode = 'PR003',
+            message = format('%s was altered: it %s, so pgrag will not run it for other roles',
+                             f.fn, case when not f.owned
+                                        then format('belongs to %s, not to %s', f.owners, owner)
+                                        else 'runs as its caller (security invoker)' end),
+            hint = format('declare the type again as %s, which regenerates it', owner);
+    end if;
+    return true;
+end
+$fn$;
+
+comment on function pgrag._check_generated(text, regrole) is
+    'Refuse to call a generated function that is no longer the declarer''s security definer';
+
+
+create or replace function pgrag._generated_view(source regclass, doc_type text, owner regrole)
+returns boolean
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+-- Whether a type's source is the view pgrag generated from its query (pgrag_docs.doc_<type>,
+-- owned by its declarer), the only source pgrag drops with the type: the declarer can write
+-- its catalog row, and must not make a superuser's drop_document drop some other view.
+return exists (select from pg_class c
+                where c.oid = source and c.relkind = 'v'
+                  and c.relnamespace = 'pgrag_docs'::regnamespace
+                  and c.relname = 'doc_' || doc_type and c.relowner = owner);
+
+comment on function pgrag._generated_view(regclass, text, regrole) is
+    'Whether a type''s source is the view pgrag generated for it (which it may drop)';
+
+
 create or replace function pgrag._claim_generated(name text)
 returns void
 language plpgsql volatile security invoker
@@ -355,8 +418,10 @@ begin
         set plan_cache_mode = force_generic_plan
         @pinned_settings@
         as $body$
+        #variable_conflict use_variable
         -- security definer, owned by the role that declared the type: its view runs with that
         -- role's rights, whoever asks; it takes keys only (cast to the key type, never SQL).
+        -- (A view column named like a variable, `keys`, is always d.keys here.)
         declare
             changed_keys text[];
             bad_key text;
@@ -610,6 +675,9 @@ begin
         return 0;
     end if;
     begin
+        perform pgrag._check_generated('store_' || doc_type,
+                                       (select d.owner from pgrag.doc_types d
+                                         where d.name = _store.doc_type));
         execute format('select pgrag_docs.%I($1::text[])', 'store_' || doc_type) into n using keys;
     exception
         when others then
@@ -655,8 +723,12 @@ declare
     n bigint;
     half integer := cardinality(keys) / 2;
     sensitive boolean;
+    max_key_bytes constant integer := 2000;  -- (a btree entry holds 2,704 with the doc_type)
 begin
     begin
+        perform pgrag._check_generated('store_' || doc_type,
+                                       (select d.owner from pgrag.doc_types d
+                                         where d.name = _store_halves.doc_type));
         execute format('select pgrag_docs.%I($1::text[])', 'store_' || doc_type) into n using keys;
         delete from pgrag.render_errors e
          where e.doc_type = _store_halves.doc_type and e.source_key = any(keys);
@@ -680,12 +752,24 @@ begin
                 -- messages end up in logs: its SQLSTATE only
                 sensitive := coalesce((select d.sensitive <> '{}' from pgrag.doc_types d
                                         where d.name = _store_halves.doc_type), false);
+                -- A key too long for an index entry (about 2,700 bytes: the store's own
+                -- index refused it) is recorded shortened, with its length and hash: as it is,
+                -- the error's own index would refuse it too, and fail the writer's commit.
                 insert into pgrag.render_errors as e (doc_type, source_key, sqlstate, message)
-                values (doc_type, keys[1], sqlstate,
+                values (doc_type,
+                        case when octet_length(keys[1]) > max_key_bytes
+                             then format('%s… (%s bytes, md5 %s)', left(keys[1], 200),
+                                         octet_length(keys[1]), md5(keys[1]))
+                             else keys[1] end,
+                        sqlstate,
                         case when sensitive
                              then format('message withheld: %s has sensitive columns; '
                                          'pgrag.refresh(%L, array[%L], on_error => ''raise'') '
                                          'shows it', doc_type, doc_type, keys[1])
+                             when octet_length(keys[1]) > max_key_bytes
+                             then format('its source_key is %s bytes, more than an index entry '
+                                         'holds: declare a shorter key (an id, or md5 of this '
+                                         'one) (%s)', octet_length(keys[1]), left(sqlerrm, 1000))
                              else left(sqlerrm, 2000) end)
                 on conflict on constraint render_errors_pkey do update
                 set sqlstate = excluded.sqlstate, message = excluded.message, failed_at = now();
@@ -992,6 +1076,8 @@ begin
                 end if;
             else
                 begin
+                    perform pgrag._check_generated(fn, (select d.owner from pgrag.doc_types d
+                                                         where d.name = cur_type));
                     execute format('select pgrag_docs.%I($1)', fn) into keys using batch;
                 exception
                     when others then
@@ -1227,8 +1313,10 @@ begin
             $f$,
             pgrag._generated('keys', doc_type, source_table),
             format($body$
+            #variable_conflict use_column
             -- security definer, owned by the role that declared the type: its key query over
             -- recorded rows (entries, each an array of this table's rows as text), as that role.
+            -- (A column named like a variable, `keys`, is the column in the key query.)
             declare
                 keys text[];
             begin
@@ -1265,19 +1353,22 @@ begin
             if tg_op = 'INSERT' then
                 perform pgrag._record(%1$L, null, tg_relid, b.rows, tg_op, queue)
                    from (select array_agg(x.r)::text as rows
-                           from (select r, (row_number() over () - 1) / 1000 as g
-                                   from pgrag_new r) x group by x.g) b;
+                           from (select row(pgrag_r.*) as r,
+                                        (row_number() over () - 1) / 1000 as g
+                                   from pgrag_new pgrag_r) x group by x.g) b;
             elsif tg_op = 'UPDATE' then
                 perform pgrag._record(%1$L, null, tg_relid, b.rows, tg_op, queue)
                    from (select array_agg(x.r)::text as rows
-                           from (select r, (row_number() over () - 1) / 1000 as g
-                                   from (select * from pgrag_new r union all
-                                         select * from pgrag_old r) r) x group by x.g) b;
+                           from (select row(pgrag_r.*) as r,
+                                        (row_number() over () - 1) / 1000 as g
+                                   from (select * from pgrag_new union all
+                                         select * from pgrag_old) pgrag_r) x group by x.g) b;
             else
                 perform pgrag._record(%1$L, null, tg_relid, b.rows, tg_op, queue)
                    from (select array_agg(x.r)::text as rows
-                           from (select r, (row_number() over () - 1) / 1000 as g
-                                   from pgrag_old r) x group by x.g) b;
+                           from (select row(pgrag_r.*) as r,
+                                        (row_number() over () - 1) / 1000 as g
+                                   from pgrag_old pgrag_r) x group by x.g) b;
             end if;$b$, doc_type);
     end if;
     perform pgrag._create_generated(pgrag._generated('sync', doc_type, source_table), '',
@@ -1291,8 +1382,11 @@ begin
         $f$,
         pgrag._generated('sync', doc_type, source_table),
         format($body$
+        #variable_conflict use_column
         -- security definer, owned by the role that declared the type: the key query runs as
-        -- that role, whoever writes the table.
+        -- that role, whoever writes the table. (A column of the key query named like a
+        -- variable, `mode`, `queue` or `keys`, is the column there; pgrag's own statements
+        -- name no table column.)
         declare
             mode text := coalesce(nullif(current_setting('pgrag.sync', true), ''), %1$L);
             queue boolean := mode = 'queue';

@@ -117,7 +117,7 @@ begin
             perform pgrag._drop_sync_triggers(old.name, w.source_table);
         end loop;
         delete from pgrag.doc_watches dw where dw.doc_type = old.name;
-        if old.owns_source and exists (select 1 from pg_class where oid = old.source) then
+        if old.owns_source and pgrag._generated_view(old.source, old.name, old.owner) then
             execute format('drop view %s', old.source);
         end if;
     end if;
@@ -370,7 +370,7 @@ begin
                      or p.proname ~ ('^(sync|keys)_' || t.name || '_[0-9a-f]{10}$')) loop
         execute format('drop function if exists %s', w.fn);
     end loop;
-    if t.owns_source and exists (select 1 from pg_class where oid = t.source) then
+    if t.owns_source and pgrag._generated_view(t.source, t.name, t.owner) then
         execute format('drop view %s', t.source);
     end if;
     return n;
@@ -433,11 +433,14 @@ declare
     found jsonb;
     half integer;
 begin
+    perform pgrag._check_generated(pgrag._generated('render', doc_type),
+                                   (select d.owner from pgrag.doc_types d
+                                     where d.name = _verify_keys.doc_type));
     begin
         execute format($sql$
             with src as (
                 select r.key as source_key, r.parent as parent_key,
-                       left(r.body, %2$s) as text, r.meta as metadata
+                       left(r.body, %2$s) as text, r.meta as metadata, true as rendered
                 from pgrag_docs.%1$I($3) as r
             ),
             ch as (
@@ -448,7 +451,12 @@ begin
             )
             select coalesce(jsonb_agg(jsonb_build_array(
                        coalesce(s.source_key, ch.source_key),
-                       case when s.source_key is not null and s.text is null
+                       case when s.rendered and s.source_key is null
+                                 -- (rebuilds counted it and wrote nothing: say why)
+                                 then 'a NULL source_key: the source gives a row without a '
+                                      || 'key, which no chunk can hold (leave it out of the '
+                                      || 'source, or give it a key)'
+                            when s.source_key is not null and s.text is null
                                  -- (the store records it as 23502; "missing" sent users to
                                  -- a rebuild, which cannot help)
                                  then 'render failed (23502): the source gives this document '
@@ -573,6 +581,9 @@ begin
             message = format('document type %s is not declared', document_keys.doc_type),
             hint = '`pgrag documents list` shows the declared types';
     end if;
+    perform pgrag._check_generated(pgrag._generated('list', document_keys.doc_type),
+                                   (select d.owner from pgrag.doc_types d
+                                     where d.name = document_keys.doc_type));
     return query execute format('select k from pgrag_docs.%I() k',
                                 pgrag._generated('list', document_keys.doc_type));
 end

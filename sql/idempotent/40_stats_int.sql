@@ -469,9 +469,13 @@ comment on function pgrag._stats_cache_put(text, bytea, text, jsonb, pg_snapshot
 
 create or replace function pgrag._prune_stats_changes()
 returns bigint
-language plpgsql volatile security invoker
+language plpgsql volatile security definer
 set search_path = pg_catalog, pg_temp
 as $$
+-- Security definer (pgrag's owner): no writer may delete rows of stats_changes or move the
+-- horizon itself (a deleted change would leave another role's cached result stale), and the
+-- horizon is computed over every role's cached results, not the caller's alone. It takes no
+-- argument.
 -- Drop the cached results that no longer hold (or are older than a day), move the horizon up
 -- to the oldest snapshot still needed (this session's, or a remaining result's), and delete
 -- the rows of pgrag.stats_changes below it. Returns how many it deleted. On another server

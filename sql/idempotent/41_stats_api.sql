@@ -76,9 +76,10 @@ begin
     end if;
     perform pgrag._filter_sql(filter, pgrag._filter_schema(doc_types));  -- PR005 before any type
     -- each type's statistics run as their declarer (pgrag_docs.stats_<type>)
-    for t in select s.doc_type from pgrag.doc_stats s
+    for t in select s.doc_type, s.owner from pgrag.doc_stats s
               where stats_detail.doc_types is null or s.doc_type = any(stats_detail.doc_types)
               order by s.doc_type loop
+        perform pgrag._check_generated(pgrag._generated('stats', t.doc_type), t.owner);
         execute format('select * from pgrag_docs.%I($1::jsonb, $2::text[])',
                        pgrag._generated('stats', t.doc_type))
            into one using filter, stats_detail.doc_types;

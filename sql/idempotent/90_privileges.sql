@@ -76,6 +76,7 @@ declare
         'pgrag.current_tenant()',                         'reader writer',
         'pgrag.query_cache_get(text, bytea)',             'reader writer',
         'pgrag._common_lexemes(real, bigint)',            'reader writer',
+        'pgrag._prune_stats_changes()',                   'writer',
         'pgrag.stats_changed()',                          'writer'];
     i integer;
     -- What changes documents, vectors, caches or bindings: the writer's alone (the owner may
@@ -163,8 +164,12 @@ begin
     -- every tenant's cached statistics: the writer's (each role its own rows) and the owner's
     execute format('grant select, insert, update, delete on pgrag.stats_cache to %I',
                    s.writer_role);
-    execute format('grant select, update on pgrag.stats_cache_horizon to %I', s.writer_role);
-    execute format('grant select, delete on pgrag.stats_changes to %I', s.writer_role);
+    -- read only: pruning them is pgrag._prune_stats_changes's (a security definer), so that no
+    -- writer can delete the changes that make another role's cached statistics stale
+    execute format('grant select on pgrag.stats_cache_horizon, pgrag.stats_changes to %I',
+                   s.writer_role);
+    execute format('revoke update, delete on pgrag.stats_cache_horizon, pgrag.stats_changes '
+                   'from %I', s.writer_role);
     -- both check that the database is at pgrag's head revision (alembic's version table)
     execute format('grant select on public.pgrag_alembic_version to %I, %I',
                    s.reader_role, s.writer_role);

@@ -42,13 +42,35 @@ begin
             then
                 execute format('alter view %s set schema pgrag_docs', v);
             end if;
-            perform pgrag._create_render_function(t.name);
+            -- A type that cannot be regenerated (its catalog row written by hand: its declarer
+            -- may write it) is named, and the upgrade goes on for every other type
+            begin
+                perform pgrag._create_render_function(t.name);
+            exception when others then
+                raise warning using message = format(
+                    'pgrag: the functions of document type %s were not regenerated: %s',
+                    t.name, sqlerrm),
+                    hint = format('declare %s again (as %s), or drop it', t.name, who);
+            end;
         end loop;
         for w in select dw.doc_type, dw.source_table
                    from pgrag.doc_watches dw join pgrag.doc_types d on d.name = dw.doc_type
                   where d.owner = who
                     and exists (select from pg_class c where c.oid = dw.source_table) loop
-            perform pgrag._create_sync_triggers(w.doc_type, w.source_table);
+            -- A watch its declarer may no longer trigger on (a grant revoked, or a catalog row
+            -- written by hand: a writer role may write its own) does not stop the upgrade of
+            -- every other type: it is named, and that table's writes are not followed until
+            -- the grant is back and the type declared again (pgrag verify shows the drift).
+            begin
+                perform pgrag._create_sync_triggers(w.doc_type, w.source_table);
+            exception when others then
+                raise warning using message = format('pgrag: %s', sqlerrm),
+                    detail = format('the triggers of %s on %s were not created: writes to that '
+                                    'table do not reach its documents', w.doc_type,
+                                    w.source_table),
+                    hint = format('grant the privilege and declare %s again, or drop the watch',
+                                  w.doc_type);
+            end;
         end loop;
         for t in select s.doc_type as name from pgrag.doc_stats s where s.owner = who loop
             perform pgrag._create_stats_function(t.name);

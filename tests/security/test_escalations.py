@@ -189,3 +189,156 @@ def test_everything_a_writer_declared_runs_as_the_writer(scene: Scene) -> None:
     migrate.upgrade(scene.victim)
     assert not scene.attacker_is_superuser()
     assert scene.ran_as() == {scene.role}
+
+
+# ---- 4. through the generated functions' own attributes (the attacker owns them) ----
+
+
+def _declare_evil_things(scene: Scene) -> None:
+    """The attacker's type whose view, key query and statistics call its logging function."""
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        conn.execute(
+            "select pgrag.declare_document('things', $$select t.id as source_key, t.name || "
+            f"{scene.schema}.evil()::text as text from attack.things t$$, "
+            '\'{"attack.things": "select id from changed where '
+            f"{scene.schema}.evil() = 1\"}}')"
+        )
+        conn.execute(
+            "select pgrag.declare_stats('things', $s$select jsonb_build_object('x', "
+            f"{scene.schema}.evil()) from hits$s$)"
+        )
+
+
+def _victim_runs_everything(scene: Scene) -> list[str]:
+    """What a superuser does that calls a type's generated functions; the errors it got."""
+    errors: list[str] = []
+    with psycopg.connect(scene.victim, autocommit=True) as conn:
+        for stmt in (
+            "select pgrag.refresh('things')",
+            "update attack.things set name = name || '!'",
+            "select * from pgrag.verify('things')",
+            "select pgrag.document_keys('things')",
+            "select pgrag.stats()",
+            "insert into pgrag.render_queue (doc_type, keys) values ('things', array['1'])",
+            "select pgrag.render_queued(100)",
+        ):
+            try:
+                conn.execute(stmt.encode())
+            except psycopg.Error as exc:
+                errors.append(str(exc))
+        errors += [
+            r[0]
+            for r in conn.execute(
+                "select message from pgrag.render_errors where doc_type = 'things'"
+            ).fetchall()
+        ]
+    return errors
+
+
+def test_a_generated_function_altered_to_run_as_its_caller_is_not_run(scene: Scene) -> None:
+    """ALTER FUNCTION ... SECURITY INVOKER needs only ownership: the declarer owns its type's
+    functions, so it could make a superuser's refresh, write, verify, listing, statistics or
+    the worker's render run its SQL as the superuser. pgrag calls none that is not the
+    declarer's security definer any more."""
+    _declare_evil_things(scene)
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        for (fn,) in conn.execute(
+            "select p.oid::regprocedure::text from pg_proc p "
+            "where p.pronamespace = 'pgrag_docs'::regnamespace "
+            "and p.proname ~ '^(render|store|list|stats|keys)_things'"
+        ).fetchall():
+            conn.execute(f"alter function {fn} security invoker".encode())
+    errors = _victim_runs_everything(scene)
+    assert not scene.attacker_is_superuser()
+    assert scene.ran_as() <= {scene.role}
+    assert any("runs as its caller (security invoker)" in e for e in errors), errors
+
+
+def test_a_generated_function_replaced_by_its_declarer_is_not_run(scene: Scene) -> None:
+    """The same through CREATE OR REPLACE (the declarer may create in pgrag_docs): a body of
+    its own, running as its caller."""
+    _declare_evil_things(scene)
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        conn.execute(
+            "create or replace function pgrag_docs.stats_things(filter jsonb, doc_types text[], "
+            "out stats jsonb, out cached boolean) language plpgsql security invoker "
+            f"as $$begin perform {scene.schema}.evil(); stats := '{{}}'; cached := false; "
+            "end$$"
+        )
+        conn.execute(
+            "create or replace function pgrag_docs.store_things(keys text[]) returns bigint "
+            f"language plpgsql security invoker as $$begin perform {scene.schema}.evil(); "
+            "return 0; end$$"
+        )
+    errors = _victim_runs_everything(scene)
+    assert not scene.attacker_is_superuser()
+    assert scene.ran_as() <= {scene.role}
+    assert any("was altered" in e for e in errors), errors
+
+
+def test_an_overload_of_another_roles_function_is_named_not_called(scene: Scene) -> None:
+    """A writer may create functions in pgrag_docs: an overload with a defaulted argument
+    makes a call by name ambiguous. pgrag names it, and its owner, in the error it records."""
+    _victim_declares(scene)
+    with psycopg.connect(scene.victim, autocommit=True) as conn:
+        conn.execute(
+            "select pgrag.declare_stats('victim', "
+            "$s$select jsonb_build_object('n', count(*)) from hits$s$)"
+        )
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        conn.execute(
+            "create function pgrag_docs.store_victim(keys text[], x integer default 0) "
+            "returns bigint language sql as 'select 0::bigint'"
+        )
+        conn.execute(
+            "create function pgrag_docs.stats_victim(filter jsonb, doc_types text[], "
+            "x integer default 0, out stats jsonb, out cached boolean) language sql "
+            "as $$select '{}'::jsonb, false$$"
+        )
+    with psycopg.connect(scene.victim, autocommit=True) as conn:
+        conn.execute("update victim.notes set body = 'changed'")  # the write commits
+        (message,) = conn.execute(
+            "select message from pgrag.render_errors where doc_type = 'victim'"
+        ).fetchone() or ("",)
+        assert "has 2 functions of that name" in message and scene.role in message
+        with pytest.raises(psycopg.Error, match=f"has 2 functions.*{scene.role}"):
+            conn.execute("select pgrag.stats('{}', '{victim}')")
+
+
+def test_a_writer_cannot_delete_the_changes_that_keep_cached_statistics_true(
+    scene: Scene,
+) -> None:
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        for stmt in (
+            "delete from pgrag.stats_changes",
+            "update pgrag.stats_cache_horizon set pruned_below = pruned_below",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(stmt.encode())
+        conn.execute("select pgrag._prune_stats_changes()")  # pgrag prunes them itself
+
+
+def test_a_catalog_row_written_by_hand_drops_no_view_and_fails_no_upgrade(
+    scene: Scene,
+) -> None:
+    """A writer may write its own catalog rows: a source pointing at another role's view must
+    not make a superuser's drop_document drop it, and a watch it may not trigger on must not
+    fail every later upgrade."""
+    with psycopg.connect(scene.victim, autocommit=True) as conn:
+        conn.execute("create view victim.important as select 1 as x")
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        declare_things(conn)
+        conn.execute(
+            "update pgrag.doc_types set source = 'victim.important'::regclass, "
+            "owns_source = true where name = 'things'"
+        )
+        conn.execute(
+            "insert into pgrag.doc_watches (doc_type, source_table, key_query, reads) "
+            "values ('things', 'victim.notes'::regclass, 'select 1', '{}')"
+        )
+    migrate.upgrade(scene.victim)  # warns about the watch, upgrades the rest
+    with psycopg.connect(scene.victim, autocommit=True) as conn:
+        conn.execute("select pgrag.drop_document('things')")
+        assert conn.execute("select to_regclass('victim.important')").fetchone() == (
+            "victim.important",
+        )
