@@ -26,7 +26,7 @@ from pgrag import search as search_mod
 from pgrag.answer import Answer, Context, LLMConfig, answer, not_found_answer
 from pgrag.errors import ConfigError, DocumentError
 from pgrag.filters import check_filter
-from pgrag.limits import check_question
+from pgrag.limits import check_connection, check_question
 from pgrag.parse import Link, ParsedQuery, RankBy, parse_question
 from pgrag.rerank import Reranker
 from pgrag.search import SearchHit, SearchResult
@@ -198,6 +198,7 @@ def ask(
     Two steps: ``find`` (the database's part) then ``respond`` (rerank and answer, no
     connection); the Client runs ``find`` on a pooled connection and gives it back before the
     rerank and the LLM, which may take seconds."""
+    check_connection(conn, "ask")
     args = AskArgs(
         k=k,
         top_n=top_n,
@@ -270,6 +271,11 @@ def find(conn: psycopg.Connection[Any], question: str, **args: Unpack[AskArgs]) 
         absent = [n for n in parsed.unknown_names if not _in_text(conn, n)]
         if absent:
             missing = "nothing in the data is named " + " or ".join(map(repr, absent))
+        else:  # in some text, in no key's values (or in too many): searched, not filtered on
+            notes.extend(
+                f"{n!r}: no key's value is that name alone, searched as text, not filtered on"
+                for n in parsed.unknown_names
+            )
     parse_ms = (time.perf_counter() - started) * 1000
     rank = parsed.rank_by if doc_types is None else None
     if (
@@ -366,7 +372,9 @@ def respond(f: Found, **args: Unpack[AskArgs]) -> AskResult:
             stats_found,
             llm=llm,
             headline=None
-            if rank is not None or _partial(parsed, f.vocabulary, flt)
+            if rank is not None
+            or _partial(parsed, f.vocabulary, flt)
+            or any(n.endswith(_NOT_FILTERED) for n in notes)
             else pick_statistic(f.question, parsed, stats_found, f.vocabulary, flt),
         )
     generate_ms = (time.perf_counter() - t) * 1000
@@ -457,6 +465,11 @@ def _filter_keys(f: Any) -> set[str]:
     return {k for k in f if not k.startswith("$")} | set().union(
         *(_filter_keys(v) for k, v in f.items() if k.startswith("$"))
     )
+
+
+# how a note ends when part of the question was left out of the filter: the statistics then
+# count more than was asked, so none of them is the answer (parse.py's notes say it too)
+_NOT_FILTERED = "not filtered on"
 
 
 def _partial(parsed: ParsedQuery, vocabulary: Vocabulary, flt: Mapping[str, Any]) -> bool:

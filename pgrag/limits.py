@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import psycopg
 
 from pgrag.errors import ConfigError, DimensionMismatch, PgragError
 
@@ -103,6 +104,18 @@ def check_names(values: Sequence[Any], what: str) -> list[str]:
     if isinstance(values, str) or not isinstance(values, Sequence):
         raise ConfigError(f"{what} must be a list of names, not {type(values).__name__}")
     return [check_text(v, f"a name in {what}", limit=MAX_NAME_CHARS) for v in values]
+
+
+def check_connection(conn: Any, what: str) -> None:
+    """``conn`` a psycopg connection, as the module functions take (a ``pgrag.Client`` given
+    instead failed deep inside with an AttributeError)."""
+    if not isinstance(conn, psycopg.Connection):
+        hint = (
+            f"call client.{what}(...) on a pgrag Client"
+            if type(conn).__name__ == "Client"
+            else "pass psycopg.connect(url)"
+        )
+        raise ConfigError(f"{what}() takes a psycopg connection, not {type(conn).__name__}: {hint}")
 
 
 def check_query_vector(vector: Any) -> np.ndarray[Any, np.dtype[np.float32]]:

@@ -119,6 +119,9 @@ class RankBy:
     descending: bool
     limit: int | None
     phrase: str
+    # every key the words could mean, best first: the key once the question's type is chosen
+    # ("paid the most in fines" about members: total_fines, not the loans' fine)
+    candidates: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -347,8 +350,9 @@ _BY_RE = re.compile(
     r"\b(?:by|in\s+terms\s+of|ranked\s+by|sorted\s+by|ordered\s+by)\s+([a-z ]{2,40})", re.I
 )
 _AGGREGATE_RULES: list[tuple[str, re.Pattern[str]]] = [
-    ("count", re.compile(r"\b(?:how\s+many|number\s+of|count(?:\s+of)?)\b", re.I)),
+    # (average first: "the average number of pages" is an average, not a count)
     ("avg", re.compile(r"\b(?:average|avg|mean)\b", re.I)),
+    ("count", re.compile(r"\b(?:how\s+many|number\s+of|count(?:\s+of)?)\b", re.I)),
     ("sum", re.compile(r"\b(?:total|sum|how\s+much|combined|altogether|in\s+all|revenue)\b", re.I)),
     ("max", re.compile(r"\b(?:highest|maximum|max|largest|biggest)\b", re.I)),
     ("min", re.compile(r"\b(?:lowest|minimum|min|smallest)\b", re.I)),
@@ -529,7 +533,7 @@ def parse_question(
         x.word
         for x in toks
         if any(
-            same_word(_unprefixed(x.word), w)
+            same_word(x.word, w) or same_word(_unprefixed(x.word), w)
             for t in types.values()
             for k in t.keys.values()
             if k.type == "boolean"
@@ -606,7 +610,7 @@ def parse_question(
                 x
                 for x in toks
                 if free(x.start, x.end)
-                and any(same_word(_unprefixed(x.word), w) for w in kwords)
+                and any(same_word(x.word, w) or same_word(_unprefixed(x.word), w) for w in kwords)
                 and not (x is toks[0] and first in ("return", "show", "list"))
             ]
             if not hits:
@@ -618,7 +622,8 @@ def parse_question(
                 continue
             at = hits[0]
             # "not returned", "no returns", "unshipped", "non-refundable": false
-            flag = not negated(at.start) and _unprefixed(at.word) == at.word
+            # (the word itself a key's word is no negation: "insured" for is_insured)
+            flag = not negated(at.start) and any(same_word(at.word, w) for w in kwords)
             same = [x for x in mentions if x.how == "boolean" and x.span == (at.start, at.end)]
             if same and same[0].condition == flag:
                 mentions[mentions.index(same[0])] = replace(
@@ -673,6 +678,10 @@ def parse_question(
     doc_types = _choose_types(
         vocabulary, index, toks, mentions, rank, text, taken, time_range is not None
     )
+    if rank is not None and not any(rank.key in types[d].keys for d in doc_types):
+        held = [k for k in rank.candidates if any(k in types[d].keys for d in doc_types)]
+        if held:
+            rank = replace(rank, key=held[0])
     if rank is not None and not any(rank.key in types[d].keys for d in doc_types):
         notes.append(
             f"{rank.phrase!r}: {'/'.join(doc_types)} has no key {rank.key}, ranked by similarity"
@@ -861,8 +870,9 @@ def _object_of(text: str, end: int, mention: Mention) -> bool:
 
 
 def _unprefixed(word: str) -> str:
-    """A word without a negating prefix: unshipped -> shipped, nonrefundable -> refundable."""
-    for prefix in ("non", "un"):
+    """A word without a negating prefix: unshipped -> shipped, nonrefundable -> refundable,
+    inactive -> active."""
+    for prefix in ("non", "un", "in"):
         if word.startswith(prefix) and len(word) - len(prefix) >= 4:
             return word[len(prefix) :]
     return word
@@ -1089,9 +1099,9 @@ def _rank(vocabulary: Vocabulary, index: _Index, text: str, toks: Sequence[_Tok]
                 scored[k.name] = max(scored.get(k.name, 0.0), score)
     if not scored:
         return None
-    key = max(sorted(scored), key=lambda k: scored[k])
+    candidates = tuple(sorted(scored, key=lambda k: (-scored[k], k)))
     phrase = " ".join(x.group(0) for x in (top, m, by) if x is not None)
-    return RankBy(key, descending, limit, phrase)
+    return RankBy(candidates[0], descending, limit, phrase, candidates)
 
 
 def _choose_types(
@@ -1309,12 +1319,26 @@ def _time_range(text: str, today: dt.date, free: Any) -> TimeRange | None:
             _month_to_month,
         ),
         (r"\b(?:between|from)\s+" + _YEAR + to + _YEAR + r"\b", _year_to_year),
-        (r"\b(?:since|after|from)\s+" + _MONTH + r"(?:,?\s+" + _YEAR + r")?\b", _since_month),
-        (r"\b(?:since|after|from)\s+" + _YEAR + r"\b", _since_year),
+        # single days: 2024-03-17, March 17(th)(,) 2024, 17(th) (of) March 2024
+        (r"\b" + _YEAR + r"-(\d{1,2})-(\d{1,2})\b", _iso_day),
+        (
+            r"\b" + _MONTH + r"\s+(\d{1,2})(?:st|nd|rd|th)?,?\s+" + _YEAR + r"\b",
+            _month_day_year,
+        ),
+        (
+            r"\b(\d{1,2})(?:st|nd|rd|th)?\s+(?:of\s+)?" + _MONTH + r",?\s+" + _YEAR + r"\b",
+            _day_month_year,
+        ),
+        # "since" and "from" hold the month or year they name; "after" starts past it
+        (r"\b(since|after|from)\s+" + _MONTH + r"(?:,?\s+" + _YEAR + r")?\b", _since_month),
+        (r"\b(since|after|from)\s+" + _YEAR + r"\b", _since_year),
+        (r"\b" + _YEAR + r"\s+(?:(?:or|and)\s+(?:later|after|since)|onwards?)\b", _year_on),
+        (r"\b" + _YEAR + r"\s+(?:or|and)\s+(?:earlier|before)\b", _year_until),
         (r"\bbefore\s+" + _MONTH + r"(?:,?\s+" + _YEAR + r")?\b", _before_month),
         (r"\bbefore\s+" + _YEAR + r"\b", _before_year),
         (r"\b" + _MONTH + r",?\s+(?:of\s+)?" + _YEAR + r"\b", _month_year),
         (r"\bq([1-4])\s+" + _YEAR + r"\b", _quarter),
+        (r"\b(?:last|previous)\s+" + _MONTH + r"\b", _last_named_month),
         (r"\b(?:last|past|previous)\s+" + _COUNT + r"\s+" + _UNIT + r"\b", _last_n),
         (r"\b(last|past|previous|this|current)\s+" + _UNIT + r"\b", _last_one),
         (r"\b(yesterday|today)\b", _day_word),
@@ -1354,14 +1378,46 @@ def _year_to_year(m: re.Match[str], _today: dt.date) -> Span:
     return dt.date(first, 1, 1), dt.date(last, 12, 31)
 
 
+def _iso_day(m: re.Match[str], _today: dt.date) -> Span:
+    day = dt.date(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+    return day, day
+
+
+def _month_day_year(m: re.Match[str], _today: dt.date) -> Span:
+    day = dt.date(int(m.group(3)), MONTHS[m.group(1).lower()], int(m.group(2)))
+    return day, day
+
+
+def _day_month_year(m: re.Match[str], _today: dt.date) -> Span:
+    day = dt.date(int(m.group(3)), MONTHS[m.group(2).lower()], int(m.group(1)))
+    return day, day
+
+
 def _since_month(m: re.Match[str], today: dt.date) -> Span:
-    month = MONTHS[m.group(1).lower()]
-    year = int(m.group(2)) if m.group(2) else _latest_year_for(month, today)
+    month = MONTHS[m.group(2).lower()]
+    year = int(m.group(3)) if m.group(3) else _latest_year_for(month, today)
+    if m.group(1).lower() == "after":  # after March: from April 1
+        return _month_range(year, month)[1] + dt.timedelta(days=1), today
     return dt.date(year, month, 1), today
 
 
 def _since_year(m: re.Match[str], today: dt.date) -> Span:
+    year = int(m.group(2)) + (m.group(1).lower() == "after")  # after 2024: from 2025
+    return dt.date(year, 1, 1), today
+
+
+def _year_on(m: re.Match[str], today: dt.date) -> Span:
     return dt.date(int(m.group(1)), 1, 1), today
+
+
+def _year_until(m: re.Match[str], _today: dt.date) -> Span:
+    return None, dt.date(int(m.group(1)), 12, 31)
+
+
+def _last_named_month(m: re.Match[str], today: dt.date) -> Span:
+    """ "last March": the latest March that has ended (in March 2026, March 2025)."""
+    month = MONTHS[m.group(1).lower()]
+    return _month_range(today.year if month < today.month else today.year - 1, month)
 
 
 def _before_month(m: re.Match[str], today: dt.date) -> Span:

@@ -30,7 +30,7 @@ from psycopg.rows import class_row, tuple_row
 
 from pgrag.errors import ConfigError, NotMigrated, from_database
 from pgrag.filters import filter_param
-from pgrag.limits import check_names, check_query_vector, check_question
+from pgrag.limits import check_connection, check_names, check_query_vector, check_question
 
 if TYPE_CHECKING:
     from pgrag.embed.base import Embedder
@@ -405,6 +405,7 @@ def search(
     """Search the chunks in one statement (``pgrag.search``, docs/search.md): ``query`` is the
     question (full text, and embedded unless a vector is given); the rest is ``options``
     (a ``SearchOptions``) and/or its fields as keywords."""
+    check_connection(conn, "search")
     return _drive(conn, _plan(query, SearchOptions.of(options, args)))
 
 

@@ -201,6 +201,8 @@ def test_aggregates(vocabulary: Vocabulary) -> None:
     assert parse(vocabulary, "How many orders were placed in 2024?").aggregate == "count"
     assert parse(vocabulary, "average order value of regular customers").aggregate == "avg"
     assert parse(vocabulary, "total revenue from Electronics").aggregate == "sum"
+    # "number of" is no count after "average" (the total came back as the answer)
+    assert parse(vocabulary, "the average number of items per order").aggregate == "avg"
     assert not parse(vocabulary, "Show dormant customers").needs_stats
 
 
@@ -224,6 +226,17 @@ def test_aggregates(vocabulary: Vocabulary) -> None:
         ("orders between January 2024 and March 2024", "2024-01-01", "2024-03-31"),
         ("orders from November to February 2024", "2023-11-01", "2024-02-29"),
         ("orders between 2022 and 2023", "2022-01-01", "2023-12-31"),
+        # "after" starts past what it names; "since" and "from" hold it (after 2023 held 2023)
+        ("orders after 2023", "2024-01-01", "2024-06-15"),
+        ("orders after March 2024", "2024-04-01", "2024-06-15"),
+        ("orders in 2023 or later", "2023-01-01", "2024-06-15"),
+        ("orders placed in 2022 or earlier", None, "2022-12-31"),
+        # a month named after "last", and single days (all were ignored, without a note)
+        ("orders last March", "2024-03-01", "2024-03-31"),
+        ("orders last July", "2023-07-01", "2023-07-31"),
+        ("orders placed on 2024-03-17", "2024-03-17", "2024-03-17"),
+        ("orders placed on March 17, 2024", "2024-03-17", "2024-03-17"),
+        ("orders placed on 17th of March 2024", "2024-03-17", "2024-03-17"),
     ],
 )
 def test_time_phrases_on_the_date_key_of_the_type(
@@ -530,3 +543,25 @@ def test_the_most_of_a_described_measure_not_of_the_type_it_ranks() -> None:
     ):
         p = parse(v, q)
         assert p.rank_by is not None and p.rank_by.key == key, (q, p)
+
+
+def test_library_questions_inactive_members_and_the_chosen_types_measure() -> None:
+    """Found asking a library schema: "inactive" named no flag (only un- and non- were
+    negations), and "which member has paid the most in fines" ranked by the loans' fine (the
+    higher-scored key across types, alphabetically first), then dropped it for members, whose
+    own measure is total_fines."""
+
+    def keys(**types: str) -> dict[str, KeyWords]:
+        return {n: KeyWords(n, t) for n, t in types.items()}
+
+    v = Vocabulary(
+        {
+            "member": TypeWords("member", keys(is_active="boolean", total_fines="numeric")),
+            "loan": TypeWords("loan", keys(fine="numeric", is_returned="boolean"), "member"),
+        }
+    )
+    assert parse(v, "How many inactive members are there?").filter == {"is_active": False}
+    assert parse(v, "How many active members are there?").filter == {"is_active": True}
+    p = parse(v, "Which member has paid the most in fines?")
+    assert p.doc_types == ("member",)
+    assert p.rank_by is not None and p.rank_by.key == "total_fines", p
