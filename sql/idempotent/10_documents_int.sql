@@ -185,9 +185,62 @@ return case when kind in ('sync', 'keys')
             else format('%s_%s', kind, doc_type) end;
 
 
+create or replace function pgrag._session_state()
+returns text
+language sql volatile security invoker
+-- No SET clause, every name qualified: it reads the session as the code before it left it.
+as $$
+-- What a declarer's code running in another role's session could leave behind for that role's
+-- later statements (pgrag._check_generated_after; its prepared statements are compared there):
+-- the search_path (a non-local set_config outlives the function that sets it, SET clause or
+-- not), pgrag's own settings (pgrag.sync 'off' would skip the session's later renders), and
+-- temporary relations and types (a temp view named like the caller's table), counted only in a
+-- session that has a temporary schema (most have none: the count scans pg_class, 35 µs).
+select pg_catalog.concat_ws(E'\n',
+    pg_catalog.current_setting('search_path'),
+    pg_catalog.current_setting('pgrag.sync', true),
+    pg_catalog.current_setting('pgrag.tenant', true),
+    pg_catalog.current_setting('pgrag.pending', true),
+    pg_catalog.current_setting('pgrag.pending_full', true),
+    pg_catalog.current_setting('pgrag.marked', true),
+    pg_catalog.current_setting('pgrag.truncated', true),
+    pg_catalog.pg_my_temp_schema(),
+    case when pg_catalog.pg_my_temp_schema() operator(pg_catalog.<>) 0 then
+        pg_catalog.concat(
+            (select pg_catalog.count(*) from pg_catalog.pg_class c
+              where c.relnamespace operator(pg_catalog.=) pg_catalog.pg_my_temp_schema()),
+            '/',
+            (select pg_catalog.count(*) from pg_catalog.pg_type t
+              where t.typnamespace operator(pg_catalog.=) pg_catalog.pg_my_temp_schema()))
+    end)
+$$;
+
+comment on function pgrag._session_state() is
+    'What code run in this session could leave for its later statements (search_path, temp '
+    'objects, pgrag settings)';
+
+
+create or replace function pgrag._session_token()
+returns jsonb
+language sql volatile security invoker
+set search_path = pg_catalog, pg_temp
+-- The session before pgrag runs a declarer's code in it: pgrag._session_state(), and the
+-- prepared statements (pgrag._undo_prepared deallocates those made since).
+return jsonb_build_object(
+    'state', pgrag._session_state(),
+    'prepared', (select coalesce(jsonb_agg(s.name || '@' || s.prepare_time order by s.name),
+                                 '[]')
+                   from pg_prepared_statements s));
+
+comment on function pgrag._session_token() is
+    'The session''s state and prepared statements, before a declarer''s code runs in it';
+
+
+select pgrag._drop_if_changed(to_regprocedure('pgrag._check_generated(text, regrole)'), 'jsonb');
+
 create or replace function pgrag._check_generated(name text, owner regrole)
-returns boolean
-language plpgsql stable security invoker
+returns jsonb
+language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $fn$
 -- Before pgrag calls pgrag_docs.<name>, a generated function of a type, for a role that may not
@@ -196,18 +249,21 @@ as $fn$
 -- the only function of that name. Its declarer owns it, so could otherwise turn it into a
 -- security invoker (ALTER FUNCTION needs only ownership) or replace its body, and run code with
 -- the caller's rights, a superuser's included; or add an overload of the same name that makes
--- pgrag's call ambiguous for everyone. PR003 names what is wrong; false: no such function.
+-- pgrag's call ambiguous for everyone. PR003 names what is wrong; NULL: no such function.
+-- Returns what pgrag._check_generated_after compares once the call returns: the function's row
+-- version, the session's state, its prepared statements.
 declare
     f record;
 begin
     select count(*) as n, min(p.oid::regprocedure::text) as fn,
+           min(p.oid::text || ':' || p.xmin::text) as version,
            bool_and(p.prosecdef) as definer, bool_and(p.proowner = owner) as owned,
            string_agg(distinct p.proowner::regrole::text, ', ') as owners
       into f
       from pg_proc p
      where p.pronamespace = 'pgrag_docs'::regnamespace and p.proname = name;
     if f.n = 0 then
-        return false;
+        return null;
     end if;
     if f.n > 1 then
         raise exception using errcode = 'PR003',
@@ -224,12 +280,83 @@ begin
                                         else 'runs as its caller (security invoker)' end),
             hint = format('declare the type again as %s, which regenerates it', owner);
     end if;
-    return true;
+    return pgrag._session_token() || jsonb_build_object('version', f.version);
 end
 $fn$;
 
 comment on function pgrag._check_generated(text, regrole) is
     'Refuse to call a generated function that is no longer the declarer''s security definer';
+
+
+create or replace function pgrag._undo_prepared(before jsonb)
+returns void
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+-- Deallocate the prepared statements made (or made again) since pgrag._check_generated: a
+-- rollback keeps them, and a declarer's code that failed on purpose after replacing one of the
+-- caller's (psycopg's, by name) would have it run as the caller next time. Called after every
+-- call of a generated function that failed, and by pgrag._check_generated_after.
+declare
+    s name;
+begin
+    if before is null then
+        return;
+    end if;
+    for s in select p.name from pg_prepared_statements p
+              where not (before -> 'prepared') ? (p.name || '@' || p.prepare_time) loop
+        execute format('deallocate %I', s);
+    end loop;
+end
+$fn$;
+
+comment on function pgrag._undo_prepared(jsonb) is
+    'Deallocate the prepared statements a generated function''s call left behind';
+
+
+create or replace function pgrag._check_generated_after(name text, before jsonb, state text)
+returns void
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+-- state: pgrag._session_state() as the caller sees it now (read there, as an argument: this
+-- function's own SET clause hides a search_path the call left behind). Call it with variables
+-- only: an operator in its arguments would be looked up on a search_path the call may have set.
+-- After pgrag called pgrag_docs.<name> (pgrag._check_generated before it): the call ran the
+-- declarer's code in this session, so it must have left the session as it found it, and the
+-- function must not have changed while it ran (an ALTER committed between the check and the
+-- call: the check would have passed a function that then ran as the caller). Otherwise PR003:
+-- raised, it undoes what the call did in the transaction (its writes, its settings, its
+-- temporary objects; a role it altered); statements it prepared are deallocated here, since a
+-- rollback keeps them.
+declare
+    now_version text;
+begin
+    if before is null then
+        return;
+    end if;
+    select p.oid::text || ':' || p.xmin::text into now_version
+      from pg_proc p
+     where p.pronamespace = 'pgrag_docs'::regnamespace and p.proname = name;
+    if now_version is distinct from before ->> 'version'
+       or state is distinct from before ->> 'state'
+       or (select coalesce(jsonb_agg(s.name || '@' || s.prepare_time order by s.name), '[]')
+             from pg_prepared_statements s) is distinct from before -> 'prepared' then
+        perform pgrag._undo_prepared(before);
+        raise exception using errcode = 'PR003',
+            message = format('pgrag_docs.%I %s: pgrag undid what it did', name,
+                             case when now_version is distinct from before ->> 'version'
+                                  then 'was altered while it ran'
+                                  else 'changed this session (its search_path, temporary '
+                                       'objects, prepared statements or pgrag settings)' end),
+            hint = 'a declared view, key query or statistics query must not change the '
+                   'session it runs in; declare the type again without that';
+    end if;
+end
+$fn$;
+
+comment on function pgrag._check_generated_after(text, jsonb, text) is
+    'Refuse what a generated function did if it changed while it ran or changed the session';
 
 
 create or replace function pgrag._generated_view(source regclass, doc_type text, owner regrole)
@@ -670,17 +797,21 @@ as $fn$
 -- on_error 'raise': the first failure is raised (PR004, naming the type and key).
 declare
     n bigint;
+    fn text;
+    checked jsonb;
 begin
     if keys is not null and cardinality(keys) = 0 then
         return 0;
     end if;
     begin
-        perform pgrag._check_generated('store_' || doc_type,
-                                       (select d.owner from pgrag.doc_types d
-                                         where d.name = _store.doc_type));
-        execute format('select pgrag_docs.%I($1::text[])', 'store_' || doc_type) into n using keys;
+        fn := 'store_' || doc_type;
+        checked := pgrag._check_generated(fn, (select d.owner from pgrag.doc_types d
+                                                where d.name = _store.doc_type));
+        execute format('select pgrag_docs.%I($1::text[])', fn) into n using keys;
+        perform pgrag._check_generated_after(fn, checked, pgrag._session_state());
     exception
         when others then
+            perform pgrag._undo_prepared(checked);
             if pgrag._contention(sqlstate) then
                 raise;
             end if;
@@ -724,17 +855,21 @@ declare
     half integer := cardinality(keys) / 2;
     sensitive boolean;
     max_key_bytes constant integer := 2000;  -- (a btree entry holds 2,704 with the doc_type)
+    fn text;
+    checked jsonb;
 begin
     begin
-        perform pgrag._check_generated('store_' || doc_type,
-                                       (select d.owner from pgrag.doc_types d
-                                         where d.name = _store_halves.doc_type));
-        execute format('select pgrag_docs.%I($1::text[])', 'store_' || doc_type) into n using keys;
+        fn := 'store_' || doc_type;
+        checked := pgrag._check_generated(fn, (select d.owner from pgrag.doc_types d
+                                                where d.name = _store_halves.doc_type));
+        execute format('select pgrag_docs.%I($1::text[])', fn) into n using keys;
+        perform pgrag._check_generated_after(fn, checked, pgrag._session_state());
         delete from pgrag.render_errors e
          where e.doc_type = _store_halves.doc_type and e.source_key = any(keys);
         return n;
     exception
         when others then
+            perform pgrag._undo_prepared(checked);
             if pgrag._contention(sqlstate) then
                 raise;
             end if;
@@ -1047,6 +1182,7 @@ declare
     flush boolean;
     failure text;
     failed text[] := '{}';  -- types whose key query failed: queued whole (pgrag._keys_failed)
+    checked jsonb;
 begin
     loop
         fetch entries into r;
@@ -1076,11 +1212,14 @@ begin
                 end if;
             else
                 begin
-                    perform pgrag._check_generated(fn, (select d.owner from pgrag.doc_types d
-                                                         where d.name = cur_type));
+                    checked := pgrag._check_generated(fn, (select d.owner
+                                                             from pgrag.doc_types d
+                                                            where d.name = cur_type));
                     execute format('select pgrag_docs.%I($1)', fn) into keys using batch;
+                    perform pgrag._check_generated_after(fn, checked, pgrag._session_state());
                 exception
                     when others then
+                        perform pgrag._undo_prepared(checked);
                         if pgrag._contention(sqlstate) then
                             raise;
                         end if;

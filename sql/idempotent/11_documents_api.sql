@@ -432,10 +432,12 @@ declare
     parent text := (select d.parent_type from pgrag.doc_types d where d.name = _verify_keys.doc_type);
     found jsonb;
     half integer;
+    fn text;
+    checked jsonb;
 begin
-    perform pgrag._check_generated(pgrag._generated('render', doc_type),
-                                   (select d.owner from pgrag.doc_types d
-                                     where d.name = _verify_keys.doc_type));
+    fn := pgrag._generated('render', doc_type);
+    checked := pgrag._check_generated(fn, (select d.owner from pgrag.doc_types d
+                                            where d.name = _verify_keys.doc_type));
     begin
         execute format($sql$
             with src as (
@@ -475,11 +477,14 @@ begin
                or ($2 is not null and ch.linked_key is distinct from ch.parent_key)
             $sql$, pgrag._generated('render', doc_type), pgrag._limit('document_chars'))
         into found using doc_type, parent, keys;
+        perform pgrag._check_generated_after(fn, checked, pgrag._session_state());
         return found;
     exception
         when query_canceled then
+            perform pgrag._undo_prepared(checked);
             raise;
         when others then
+            perform pgrag._undo_prepared(checked);
             if keys is not null and cardinality(keys) = 1 then
                 return jsonb_build_array(jsonb_build_array(keys[1], format(
                     'render failed (%s): %s', sqlstate,
@@ -575,17 +580,25 @@ as $fn$
 #variable_conflict use_variable
 -- Every source key a document type renders, in key order (for batched rebuilds), printed as the
 -- render prints them: pgrag_docs.list_<type>(), which runs the source view as its declarer.
+declare
+    fn text;
+    checked jsonb;
 begin
     if not exists (select from pgrag.doc_types d where d.name = document_keys.doc_type) then
         raise exception using errcode = 'PR003',
             message = format('document type %s is not declared', document_keys.doc_type),
             hint = '`pgrag documents list` shows the declared types';
     end if;
-    perform pgrag._check_generated(pgrag._generated('list', document_keys.doc_type),
-                                   (select d.owner from pgrag.doc_types d
-                                     where d.name = document_keys.doc_type));
-    return query execute format('select k from pgrag_docs.%I() k',
-                                pgrag._generated('list', document_keys.doc_type));
+    fn := pgrag._generated('list', document_keys.doc_type);
+    checked := pgrag._check_generated(fn, (select d.owner from pgrag.doc_types d
+                                            where d.name = document_keys.doc_type));
+    begin
+        return query execute format('select k from pgrag_docs.%I() k', fn);
+        perform pgrag._check_generated_after(fn, checked, pgrag._session_state());
+    exception when others then
+        perform pgrag._undo_prepared(checked);  -- (a rollback keeps them)
+        raise;
+    end;
 end
 $fn$;
 

@@ -93,16 +93,29 @@ declare
     probe text := 'pgrag_stats_probe_' || pg_backend_pid();
     tables regclass[];
     why text;
+    declarer regrole;
+    was name := current_user;
+    before jsonb := pgrag._session_token();
 begin
-    select s.stats_sql into body from pgrag.doc_stats s where s.doc_type = doc_type;
+    select s.stats_sql, s.owner into body, declarer
+      from pgrag.doc_stats s where s.doc_type = doc_type;
     if body is null then
         raise exception using errcode = 'PR003',
             message = format('document type %s has no declared statistics', doc_type),
             hint = 'declare them first with pgrag.declare_stats, then cache them';
     end if;
-    -- a temporary view records what the query depends on; dropped before returning
-    execute format('create temporary view %I as %s', probe,
-                   pgrag._stats_statement(body, 'false'));
+    -- A temporary view records what the query depends on, in a subtransaction that is always
+    -- rolled back. Its query is the declarer's SQL, and parsing it runs code (a domain's CHECK,
+    -- for one): it is parsed as the declarer (the caller may act as it: pgrag.cache_stats
+    -- checks), and whatever it did to the session (a search_path set for the rest of it, a
+    -- temporary object, the role) is undone with the subtransaction; the statements it
+    -- prepared, which a rollback keeps, are deallocated (pgrag._undo_prepared).
+    begin
+        if declarer is not null and declarer <> was::regrole then
+            execute format('set local role %s', declarer);
+        end if;
+        execute format('create temporary view %I as %s', probe,
+                       pgrag._stats_statement(body, 'false'));
     with recursive rel(oid, relkind, rewrite) as (
         select c.oid, c.relkind, r2.oid
           from pg_rewrite r
@@ -179,7 +192,15 @@ begin
               from rel where rel.relkind = 'r'),
            (select string_agg(distinct problems.why, '; ') from problems)
       into tables, why;
-    execute format('drop view pg_temp.%I', probe);
+        raise exception using errcode = 'PR0RB';  -- (caught below: roll it all back)
+    exception
+        when sqlstate 'PR0RB' then
+            null;
+        when others then
+            perform pgrag._undo_prepared(before);
+            raise;
+    end;
+    perform pgrag._undo_prepared(before);
     if why is not null then
         raise exception using errcode = 'PR003',
             message = format('the statistics of %s cannot be cached: %s', doc_type, why),

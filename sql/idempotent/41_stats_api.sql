@@ -70,6 +70,8 @@ as $$
 declare
     t record;
     one record;
+    fn text;
+    checked jsonb;
 begin
     if doc_types is not null then
         perform pgrag._check_names(doc_types, 'doc_types');
@@ -79,10 +81,16 @@ begin
     for t in select s.doc_type, s.owner from pgrag.doc_stats s
               where stats_detail.doc_types is null or s.doc_type = any(stats_detail.doc_types)
               order by s.doc_type loop
-        perform pgrag._check_generated(pgrag._generated('stats', t.doc_type), t.owner);
-        execute format('select * from pgrag_docs.%I($1::jsonb, $2::text[])',
-                       pgrag._generated('stats', t.doc_type))
-           into one using filter, stats_detail.doc_types;
+        fn := pgrag._generated('stats', t.doc_type);
+        checked := pgrag._check_generated(fn, t.owner);
+        begin
+            execute format('select * from pgrag_docs.%I($1::jsonb, $2::text[])', fn)
+               into one using filter, stats_detail.doc_types;
+            perform pgrag._check_generated_after(fn, checked, pgrag._session_state());
+        exception when others then
+            perform pgrag._undo_prepared(checked);  -- (a rollback keeps them)
+            raise;
+        end;
         doc_type := t.doc_type;
         stats := one.stats;
         cached := one.cached;

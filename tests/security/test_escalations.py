@@ -7,8 +7,11 @@ Each test fails on the release before 0009: the attack made the attacker a super
 
 from __future__ import annotations
 
+import contextlib
+
 import psycopg
 import pytest
+from psycopg import sql
 
 from pgrag import migrate
 from pgrag.ask import ask
@@ -342,3 +345,135 @@ def test_a_catalog_row_written_by_hand_drops_no_view_and_fails_no_upgrade(
         assert conn.execute("select to_regclass('victim.important')").fetchone() == (
             "victim.important",
         )
+
+
+# ---- 5. through the session the declared code runs in (found by a second attacker's review) ----
+
+PLANT = """
+create function {schema}.plant() returns text language plpgsql volatile as $$
+begin
+    if session_user <> {role} then
+        -- a non-local setting outlives the definer that sets it
+        perform pg_catalog.set_config('search_path', '{schema}, pg_catalog, public', false);
+        execute 'create or replace temp view planted_view as select 1 as x';
+        if not exists (select from pg_catalog.pg_prepared_statements
+                        where name operator(pg_catalog.=) 'planted_statement') then
+            execute 'prepare planted_statement as select 1';
+        end if;
+    end if;
+    return '';
+end $$;
+grant execute on function {schema}.plant() to public;
+"""
+
+
+def test_declared_code_cannot_leave_state_in_the_callers_session(scene: Scene) -> None:
+    """A declarer's view, key query or statistics run (as the declarer) inside the caller's
+    session: a non-local set_config of search_path, a temporary view, a prepared statement
+    left there would run as the caller later (an operator of the declarer's schema picked by
+    pgrag's next statement, the caller's unqualified table name, psycopg's prepared
+    statements). pgrag compares the session before and after each call of a generated function
+    and undoes the call when it changed."""
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        role = sql.Literal(scene.role).as_string(conn)
+        conn.execute(PLANT.format(schema=scene.schema, role=role).encode())
+        conn.execute(
+            "select pgrag.declare_document('things', $$select t.id as source_key, t.name || "
+            f"{scene.schema}.plant() as text from attack.things t$$, "
+            '\'{"attack.things": "select id from changed"}\')'
+        )
+        conn.execute(
+            "select pgrag.declare_stats('things', $s$select jsonb_build_object('n', count(*), "
+            f"'x', {scene.schema}.plant()) from hits$s$)"
+        )
+    with psycopg.connect(scene.victim, autocommit=True) as conn:
+        path = conn.execute("show search_path").fetchone()
+        refused: list[str] = []
+        for stmt in (
+            "select pgrag.refresh('things')",
+            "select * from pgrag.verify('things')",
+            "select pgrag.document_keys('things')",
+            "select pgrag.stats()",
+        ):
+            try:
+                conn.execute(stmt.encode())
+            except psycopg.Error as exc:
+                assert "changed this session" in str(exc), exc
+                refused.append(stmt)
+            assert conn.execute("show search_path").fetchone() == path, stmt
+            assert conn.execute("select to_regclass('pg_temp.planted_view')").fetchone() == (
+                None,
+            ), stmt
+            assert conn.execute(
+                "select count(*) from pg_prepared_statements where name = 'planted_statement'"
+            ).fetchone() == (0,), stmt
+        # every one refused, loudly (a keyed render records it and goes on)
+        assert len(refused) == 4, refused
+        conn.execute("select pgrag.refresh('things', array['1'])")
+        (message,) = conn.execute(
+            "select message from pgrag.render_errors where doc_type = 'things'"
+        ).fetchone() or ("",)
+        assert "changed this session" in message
+        assert conn.execute("show search_path").fetchone() == path
+    assert not scene.attacker_is_superuser()
+
+
+def test_a_generated_function_altered_while_it_runs_is_undone(scene: Scene) -> None:
+    """The check before a call and the call are two steps: an ALTER committed between them
+    (the reviewer won that race in 4% of calls) ran the function as its caller. pgrag compares
+    the function's catalog row after the call too, and undoes the call when it changed. Forged
+    here deterministically: the body alters its own function while it runs."""
+    declare_things_with_store = (
+        "create or replace function pgrag_docs.store_things(keys text[]) returns bigint "
+        "language plpgsql security definer set search_path = pg_catalog, pg_temp as $$"
+        "begin execute 'alter function pgrag_docs.store_things(text[]) security invoker'; "
+        "return 0; end $$"
+    )
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        declare_things(conn)
+        conn.execute(declare_things_with_store)
+    with psycopg.connect(scene.victim, autocommit=True) as conn:
+        conn.execute("select pgrag.refresh('things', array['1'])")
+        (message,) = conn.execute(
+            "select message from pgrag.render_errors where doc_type = 'things'"
+        ).fetchone() or ("",)
+        assert "was altered while it ran" in message, message
+        # the ALTER was undone with the call
+        assert conn.execute(
+            "select prosecdef from pg_proc where proname = 'store_things'"
+        ).fetchone() == (True,)
+
+
+def test_caching_statistics_parses_them_as_their_declarer_and_leaves_no_trace(
+    scene: Scene,
+) -> None:
+    """pgrag.cache_stats reads which tables a statistics query depends on by creating a
+    temporary view of it, as the caller: parsing runs code (a domain's CHECK over an array
+    literal), which ran as the superuser caching them. It is parsed as the declarer now, in a
+    subtransaction rolled back afterwards, so nothing it did to the session stays."""
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        role = sql.Literal(scene.role).as_string(conn)
+        conn.execute(PLANT.format(schema=scene.schema, role=role).encode())
+        conn.execute(
+            f"create function {scene.schema}.chk(v text) returns boolean language plpgsql "
+            f"volatile as $$begin perform {scene.schema}.evil(); perform {scene.schema}.plant(); "
+            f"return true; end $$; grant execute on function {scene.schema}.chk(text) to public; "
+            f"create domain {scene.schema}.dom as text check ({scene.schema}.chk(value)); "
+            f"grant usage on domain {scene.schema}.dom to public"
+        )
+        declare_things(conn)
+        conn.execute(
+            "select pgrag.declare_stats('things', $s$select jsonb_build_object('n', count(*), "
+            f"'x', cardinality('{{a}}'::{scene.schema}.dom[])) from hits$s$)"
+        )
+    with psycopg.connect(scene.victim, autocommit=True) as conn:
+        path = conn.execute("show search_path").fetchone()
+        with contextlib.suppress(psycopg.Error):  # (refused or not: what matters is below)
+            conn.execute("select pgrag.cache_stats('things')")
+        assert conn.execute("show search_path").fetchone() == path
+        assert conn.execute("select to_regclass('pg_temp.planted_view')").fetchone() == (None,)
+        assert conn.execute(
+            "select count(*) from pg_prepared_statements where name = 'planted_statement'"
+        ).fetchone() == (0,)
+    assert not scene.attacker_is_superuser()
+    assert scene.ran_as() <= {scene.role}
