@@ -945,6 +945,15 @@ def _names_holding(phrase: str, index: _Index) -> list[tuple[str, str, str]]:
     if len(wanted) != 1 or len(wanted[0]) < 3:
         return []
     found = index.name_words.get(wanted[0], [])
+    # a word of a name before a word of a title: the keys whose values holding it are the
+    # shortest ("Ruth": the author Ruth Calloway, not the title "Baking with Grandma Ruth",
+    # which then filtered the author's name as a title)
+    shortest: dict[tuple[str, str], int] = {}
+    for v, t, k in found:
+        shortest[(t, k)] = min(shortest.get((t, k), 99), len(v.split()))
+    if shortest:
+        best = min(shortest.values())
+        found = [(v, t, k) for v, t, k in found if shortest[(t, k)] == best]
     return found if 0 < len({v for v, _, _ in found}) <= MAX_NAMES_HOLDING else []
 
 

@@ -565,3 +565,26 @@ def test_library_questions_inactive_members_and_the_chosen_types_measure() -> No
     p = parse(v, "Which member has paid the most in fines?")
     assert p.doc_types == ("member",)
     assert p.rank_by is not None and p.rank_by.key == "total_fines", p
+
+
+def test_a_word_of_a_name_is_not_read_as_a_word_of_a_title() -> None:
+    """Found asking a library schema: "How many books did Ruth write?" read Ruth as the author
+    "Ruth Calloway" or the title "Baking with Grandma Ruth", and filtered both names as titles
+    (the key with more distinct values won). The keys whose values holding the word are the
+    shortest are the ones meant."""
+    v = Vocabulary(
+        {
+            "loan": TypeWords(
+                "loan",
+                {
+                    "author": KeyWords("author", "text", values={"Ruth Calloway": 3}),
+                    "title": KeyWords(
+                        "title",
+                        "text",
+                        values={"Baking with Grandma Ruth": 1, "The Memory Engine": 2},
+                    ),
+                },
+            )
+        }
+    )
+    assert parse(v, "How many loans of books did Ruth write?").filter == {"author": "Ruth Calloway"}
