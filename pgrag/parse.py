@@ -346,6 +346,8 @@ _RANK_RE = re.compile(
     re.I,
 )
 _ASCENDING = {"fewest", "least", "lowest", "smallest", "minimum", "bottom"}
+# superlatives of time, not of a measure ("the latest loans" are no late_count ranking)
+_TIME_SUPERLATIVES = {"latest", "earliest", "newest", "oldest"}
 _BY_RE = re.compile(
     r"\b(?:by|in\s+terms\s+of|ranked\s+by|sorted\s+by|ordered\s+by)\s+([a-z ]{2,40})", re.I
 )
@@ -1073,7 +1075,7 @@ def _rank(vocabulary: Vocabulary, index: _Index, text: str, toks: Sequence[_Tok]
     )
     by = _BY_RE.search(text)
     if m is None and top is None:
-        return None
+        return _superlative(vocabulary, index, toks)
     descending = not (
         (m is not None and m.group(1).lower() in _ASCENDING)
         or (top is not None and top.group(1).lower() == "bottom")
@@ -1111,6 +1113,37 @@ def _rank(vocabulary: Vocabulary, index: _Index, text: str, toks: Sequence[_Tok]
     candidates = tuple(sorted(scored, key=lambda k: (-scored[k], k)))
     phrase = " ".join(x.group(0) for x in (top, m, by) if x is not None)
     return RankBy(candidates[0], descending, limit, phrase, candidates)
+
+
+def _superlative(vocabulary: Vocabulary, index: _Index, toks: Sequence[_Tok]) -> RankBy | None:
+    """ "the 3 longest books": a word in -est whose base (long, big, heavy, large) is a word of a
+    numeric key (its name or a described synonym: pages described "long") ranks by that key,
+    largest first. Only such words: "the latest", "the best" name no key unless declared so."""
+    for i, tok in enumerate(toks):
+        w = tok.word.lower()
+        if len(w) < 6 or not w.endswith("est") or w in _TIME_SUPERLATIVES:
+            continue
+        base = w[:-3]
+        bases = {base, base + "e", base[:-1] if len(base) > 2 and base[-1] == base[-2] else base}
+        if base.endswith("i"):
+            bases.add(base[:-1] + "y")
+        scored: dict[str, int] = {}
+        for t in vocabulary.types.values():
+            for k in t.keys.values():
+                if k.type not in ("integer", "numeric") or _is_id(k):
+                    continue
+                words = index.key_words[(t.name, k.name)]
+                if any(same_word(b, x) or b == x for b in bases for x in words):
+                    scored[k.name] = scored.get(k.name, 0) + 1
+        if not scored:
+            continue
+        candidates = tuple(sorted(scored, key=lambda k: (-scored[k], k)))
+        before = toks[i - 1].word.lower() if i > 0 else ""
+        limit = _count(before) if before.isdigit() or before in _NUMBER_WORDS else None
+        if before in ("a", "an"):
+            limit = None
+        return RankBy(candidates[0], True, limit, tok.word, candidates)
+    return None
 
 
 def _choose_types(

@@ -588,3 +588,27 @@ def test_a_word_of_a_name_is_not_read_as_a_word_of_a_title() -> None:
         }
     )
     assert parse(v, "How many loans of books did Ruth write?").filter == {"author": "Ruth Calloway"}
+
+
+def test_a_superlative_of_a_described_measure_ranks_by_it() -> None:
+    """Found asking a library schema: "What are the 3 longest books?" ranked by similarity,
+    even with pages described "long": only most/highest/largest... were ranking words. A word
+    in -est whose base is a word of a numeric key ranks by that key, largest first."""
+    v = Vocabulary(
+        {
+            "book": TypeWords(
+                "book",
+                {
+                    "pages": KeyWords("pages", "integer", synonyms=("long", "length")),
+                    "year_published": KeyWords("year_published", "integer"),
+                    "late_count": KeyWords("late_count", "integer"),
+                },
+            )
+        }
+    )
+    p = parse(v, "What are the 3 longest books?")
+    assert p.rank_by is not None and (p.rank_by.key, p.rank_by.limit) == ("pages", 3), p
+    assert parse(v, "Which is the longest book?").rank_by is not None
+    # a word in -est that names no key is no ranking
+    assert parse(v, "What are the latest books?").rank_by is None
+    assert parse(v, "Books of interest").rank_by is None
