@@ -82,8 +82,15 @@ def test_a_partition_per_tenant_one_for_shared_chunks_and_a_default(crm: Crm) ->
     assert len(crm.tenant_of) == 40 + 80 + 2 and all(v is not None for v in crm.vectors.values())
 
 
+def _verified(url: str) -> list[Any]:
+    """pgrag.verify() as the writer, which declared the types (pgrag runs no other role's
+    declared SQL in a superuser's session)."""
+    with psycopg.connect(as_role(url, WRITER)) as conn:
+        return conn.execute("select * from pgrag.verify()").fetchall()
+
+
 def test_the_converted_store_is_in_sync(crm: Crm) -> None:
-    with psycopg.connect(crm.url) as conn:
+    with psycopg.connect(as_role(crm.url, WRITER)) as conn:
         assert conn.execute("select * from pgrag.verify()").fetchall() == []
 
 
@@ -189,7 +196,7 @@ def test_writes_move_chunks_between_partitions_and_deletes_cascade(
             ).fetchone()
             assert globex is not None and rows["10"] == globex[0]
             assert rows["20"] == rows["21"] == "pgrag.chunks_default"
-            assert conn.execute("select * from pgrag.verify()").fetchall() == []
+            assert _verified(crm.url) == []
         with psycopg.connect(crm.url) as conn:  # the owner counts the default partition
             status = conn.execute("select store from pgrag.status()").fetchone()
             assert status is not None and status[0]["default_rows"] == 3
@@ -246,7 +253,7 @@ def test_back_to_one_table_and_to_hash_partitions(pg_server: TestServer, templat
     try:
         with psycopg.connect(crm.url) as conn:
             assert len(_partitions(conn)) == 4
-            assert conn.execute("select * from pgrag.verify()").fetchall() == []
+            assert _verified(crm.url) == []
             before = conn.execute(
                 "select id, text, tenant from pgrag.chunks order by id"
             ).fetchall()
@@ -268,9 +275,10 @@ def test_back_to_one_table_and_to_hash_partitions(pg_server: TestServer, templat
             } <= constraints
             after = conn.execute("select id, text, tenant from pgrag.chunks order by id").fetchall()
             assert after == before
-            assert conn.execute("select * from pgrag.verify()").fetchall() == []
+            assert _verified(crm.url) == []
             # new chunks take ids after the old ones
-            conn.execute("insert into crm.faq values (3, 'Q?', 'A.')")
+            with psycopg.connect(as_role(crm.url, WRITER), autocommit=True) as writer:
+                writer.execute("insert into crm.faq values (3, 'Q?', 'A.')")
             new = conn.execute("select max(id) from pgrag.chunks").fetchone()
             assert new is not None and new[0] > before[-1][0]
         # a downgrade knows the one-table store only: from here it may run
@@ -538,7 +546,7 @@ def test_new_documents_are_rendered_into_their_tenants_partition(
                 "select count(*) from pgrag.chunks where doc_type = 'crm_faq'"
             ).fetchone()
             assert n == (3,)
-            assert conn.execute("select * from pgrag.verify()").fetchall() == []
+            assert _verified(crm.url) == []
     finally:
         made.close()
 
@@ -600,9 +608,10 @@ def test_a_conversion_refuses_what_it_would_destroy_and_keeps_what_it_can(
                     "on c.oid = h.inhrelid where h.inhparent = 'pgrag.chunks'::regclass"
                 )
             } == {"i"}
-            conn.execute("update crm.accounts set seats = seats + 1 where account_id = 1")
+            with psycopg.connect(as_role(crm.url, WRITER), autocommit=True) as writer:
+                writer.execute("update crm.accounts set seats = seats + 1 where account_id = 1")
             assert conn.execute("select * from pgrag.render_errors").fetchall() == []
-            assert conn.execute("select * from pgrag.verify()").fetchall() == []
+            assert _verified(crm.url) == []
             conn.execute("drop publication everything")
     finally:
         made.close()

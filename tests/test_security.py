@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import urllib.parse
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -53,10 +52,26 @@ MAX_EXAMPLES = 150
 CASES_RUN: dict[str, int] = {}  # hypothesis examples per property (docs/security.md)
 
 
+LOGIN_PASSWORD = "pgrag-test-login"
+
+
 def as_role(url: str, role: str) -> str:
-    """``url`` with the startup option ``-c role=<role>``: the session runs as that role."""
-    options = urllib.parse.quote(f"-c role={role}")
-    return url + ("&" if "?" in url else "?") + f"options={options}"
+    """``url`` for a session that runs as ``role``: a login role of its own (``<role>_login``,
+    a member of it, created once), with the startup option ``-c role=<role>`` (a SET ROLE).
+    Not the superuser's login with SET ROLE: pgrag refuses to run another role's declared SQL
+    in a superuser's session (the code could reset the role to the session's own)."""
+    login = f"{role}_login"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "do $$ begin if not exists (select from pg_roles where rolname = {n}) then "
+                "create role {r} login password {p}; end if; end $$"
+            ).format(n=sql.Literal(login), r=sql.Identifier(login), p=sql.Literal(LOGIN_PASSWORD))
+        )
+        conn.execute(sql.SQL("grant {} to {}").format(sql.Identifier(role), sql.Identifier(login)))
+    return psycopg.conninfo.make_conninfo(
+        url, user=login, password=LOGIN_PASSWORD, options=f"-c role={role}"
+    )
 
 
 @dataclass(frozen=True)
@@ -609,7 +624,9 @@ def test_a_prepared_search_serves_every_tenant_and_role_of_a_session_its_own_row
     that tenant and role may see."""
     vector = np.random.default_rng(7).standard_normal(384).astype(np.float32)
     search = "select id from pgrag.vector_search(%s, 200, '{}'::jsonb, null)"
-    with psycopg.connect(as_role(crm.url, WRITER), autocommit=True) as conn:
+    # (a superuser's login, to SET ROLE to both: searching runs no declared SQL)
+    url = psycopg.conninfo.make_conninfo(crm.url, options=f"-c role={WRITER}")
+    with psycopg.connect(url, autocommit=True) as conn:
         register_vector(conn)
         everyone = {r[0] for r in conn.execute(search, (vector,))}
         assert any(crm.tenant_of[i] for i in everyone)  # the writer sees every tenant
@@ -687,6 +704,8 @@ def test_masked_and_omitted_values_never_reach_chunks(crm: Crm) -> None:
         ).fetchone()
         assert row is not None and row[1] == "[masked email]"
         assert "phone ." in row[0]  # omitted: cut out, no placeholder
+    # (verified as the writer: pgrag runs no other role's declared SQL in a superuser's session)
+    with psycopg.connect(as_role(crm.url, WRITER)) as conn:
         assert conn.execute("select count(*) from pgrag.verify()").fetchone() == (0,)
 
 

@@ -25,6 +25,7 @@ from pgrag.lab import synthetic
 from .conftest import PATIENCE_S, run_pgrag, start_horizon, wait_for, waits_on_lock
 from .shop_fixture import load_tiny_shop
 from .stats_reference import declared_stats
+from .test_security import as_role
 
 VIP = {"segment": "VIP"}
 DELIVERED = {"status": "delivered"}
@@ -654,38 +655,35 @@ def test_the_writer_role_caches_its_own_and_sees_only_its_own(shop_url: str) -> 
             f"insert into shop.owned values (1, 5); alter table shop.owned owner to {writer[0]}; "
             f"grant usage on schema shop to {writer[0]}"
         )
-        conn.execute(f"set role {writer[0]}")
-        try:
-            conn.execute(
+        # the writer's own login (pgrag runs no other role's declared SQL in a superuser's
+        # session, SET ROLE or not)
+        with psycopg.connect(as_role(shop_url, writer[0]), autocommit=True) as w:
+            w.execute(
                 "select pgrag.declare_document('owned', $$select o.k as source_key, "
                 "'owned ' || o.n as text, jsonb_build_object('segment', 'VIP') as metadata "
                 'from shop.owned o$$, \'{"shop.owned": "select k from changed"}\', '
                 'metadata_schema => \'{"segment": "text"}\')'
             )
-            conn.execute("select pgrag.refresh('owned')")
-            conn.execute(
+            w.execute("select pgrag.refresh('owned')")
+            w.execute(
                 "select pgrag.declare_stats('owned', $q$select jsonb_build_object("
                 "'n', (select sum(n) from shop.owned)) from hits$q$)"
             )
-            assert "shop.owned" in stats_cache.set_cached(conn, "owned")
-            assert s.stats(conn, filter=VIP, doc_types=["owned"]) == {"owned": {"n": 5}}
-            mine = conn.execute("select doc_type, role_name from pgrag.stats_cache").fetchall()
+            assert "shop.owned" in stats_cache.set_cached(w, "owned")
+            assert s.stats(w, filter=VIP, doc_types=["owned"]) == {"owned": {"n": 5}}
+            mine = w.execute("select doc_type, role_name from pgrag.stats_cache").fetchall()
             assert mine == [("owned", writer[0])]  # the superuser's rows are not the writer's
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                conn.execute(
+                w.execute(
                     "insert into pgrag.stats_cache (doc_type, role_name, condition_hash, "
                     "condition, snap, server_started, triggers) values ('order_detail', "
                     "'postgres', '\\x00', 'true', pg_current_snapshot(), now(), '')"
                 )
             # privileges revoked after caching: the cached result is not served
-            conn.execute("reset role")
             conn.execute(f"alter table shop.owned owner to {conn.info.user}")
             conn.execute(f"revoke all on shop.owned from {writer[0]}")
-            conn.execute(f"set role {writer[0]}")
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
-                s.stats(conn, filter=VIP, doc_types=["owned"])
-        finally:
-            conn.execute("reset role")
+                s.stats(w, filter=VIP, doc_types=["owned"])
 
 
 def sql_bonus(conn: psycopg.Connection[Any]) -> Any:

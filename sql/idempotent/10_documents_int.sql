@@ -185,6 +185,44 @@ return case when kind in ('sync', 'keys')
             else format('%s_%s', kind, doc_type) end;
 
 
+create or replace function pgrag._may_run_declared(owner regrole)
+returns boolean
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+-- Whether this session may run SQL that role ``owner`` declared (its generated functions, its
+-- statistics parsed): not in a superuser's session (session_user or current_user) unless the
+-- owner is one too. The declarer's code runs as itself there, but in the superuser's session:
+-- what it leaves behind (a search_path, a deferred trigger that fires at commit, a role reset
+-- to the session's own) acts as the superuser, and no check after the call sees all of it.
+return not (select coalesce(bool_or(r.rolsuper), false) from pg_roles r
+             where r.rolname in (session_user, current_user))
+    or coalesce((select r.rolsuper from pg_roles r where r.oid = owner), false);
+
+comment on function pgrag._may_run_declared(regrole) is
+    'Whether this session may run a role''s declared SQL (never a superuser''s, for another role)';
+
+
+create or replace function pgrag._refuse_declared(owner regrole, what text)
+returns void
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+-- PR008 unless pgrag._may_run_declared(owner): what: the type (or its statistics).
+begin
+    if not pgrag._may_run_declared(owner) then
+        raise exception using errcode = 'PR008',
+            message = format('pgrag does not run the SQL role %s declared (%s) in a superuser''s '
+                             'session: it could act as the superuser', owner, what),
+            hint = format('run this as %s, or as a login role that is not a superuser (the '
+                          'worker too: `pgrag worker` as a member of the writer role)', owner);
+    end if;
+end
+$fn$;
+
+comment on function pgrag._refuse_declared(regrole, text) is
+    'PR008 in a superuser''s session for SQL another role declared';
+
+
 create or replace function pgrag._session_state()
 returns text
 language sql volatile security invoker
@@ -255,6 +293,7 @@ as $fn$
 declare
     f record;
 begin
+    perform pgrag._refuse_declared(owner, 'pgrag_docs.' || name);
     select count(*) as n, min(p.oid::regprocedure::text) as fn,
            min(p.oid::text || ':' || p.xmin::text) as version,
            bool_and(p.prosecdef) as definer, bool_and(p.proowner = owner) as owned,
@@ -810,6 +849,17 @@ begin
         execute format('select pgrag_docs.%I($1::text[])', fn) into n using keys;
         perform pgrag._check_generated_after(fn, checked, pgrag._session_state());
     exception
+        when sqlstate 'PR008' then
+            -- a superuser's write or keyed refresh of a writer's type: its documents go to the
+            -- worker (which must run as a non-superuser), committed with the write
+            if keys is null then
+                raise;
+            end if;
+            insert into pgrag.render_queue (doc_type, keys) values (doc_type, keys);
+            raise warning using message = format('pgrag: %s', sqlerrm),
+                detail = format('%s document(s) of %s were queued for the worker instead',
+                                cardinality(keys), doc_type);
+            return 0;
         when others then
             perform pgrag._undo_prepared(checked);
             if pgrag._contention(sqlstate) then

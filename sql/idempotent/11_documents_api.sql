@@ -561,6 +561,12 @@ begin
             return query select t.name, null::text, 'source view is gone: re-declare the type';
             continue;
         end if;
+        if not pgrag._may_run_declared(t.owner) then
+            return query select t.name, null::text,
+                format('not checked: declared by %s, whose SQL pgrag does not run in a '
+                       'superuser''s session (verify as %s)', t.owner, t.owner);
+            continue;
+        end if;
         return query select t.name, p ->> 0, p ->> 1
                        from jsonb_array_elements(pgrag._verify_keys(t.name, null)) p
                       order by 2, 3;
@@ -928,10 +934,23 @@ declare
     n bigint;
 begin
     perform pgrag._check_range('max_entries', max_entries, 1, 100000);
+    -- (in a superuser's session, only the types a superuser declared: pgrag._may_run_declared)
     select array_agg(c.id) into ids
-      from (select r.id from pgrag.render_queue r order by r.id limit max_entries
+      from (select r.id from pgrag.render_queue r
+             where pgrag._may_run_declared((select d.owner from pgrag.doc_types d
+                                             where d.name = r.doc_type))
+             order by r.id limit max_entries
                for update skip locked) c;
     if ids is null then
+        if exists (select from pgrag.render_queue r
+                    where not pgrag._may_run_declared((select d.owner from pgrag.doc_types d
+                                                        where d.name = r.doc_type))) then
+            raise warning using
+                message = 'pgrag: the render queue holds documents of types other roles '
+                          'declared, which a superuser''s session does not render',
+                hint = 'run the worker (or pgrag.render_queued) as a login role that is not '
+                       'a superuser, a member of the writer role';
+        end if;
         return query select 0, 0::bigint, null::interval;
         return;
     end if;

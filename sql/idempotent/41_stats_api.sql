@@ -10,6 +10,7 @@ as $$
 -- statistics: they run as that role for every caller, through pgrag_docs.stats_<type>.
 declare
     t pgrag.doc_types;
+    found_tables regclass[];
 begin
     select * into t from pgrag.doc_types d where d.name = declare_stats.doc_type;
     if not found then
@@ -47,8 +48,20 @@ begin
     insert into pgrag.doc_stats as s (doc_type, stats_sql, owner)
     values (declare_stats.doc_type, stats_sql, current_user::regrole)
     on conflict on constraint doc_stats_pkey
-    do update set stats_sql = excluded.stats_sql, owner = excluded.owner, updated_at = now();
+    do update set stats_sql = excluded.stats_sql, owner = excluded.owner, updated_at = now(),
+                  query_tables = null;
     perform pgrag._create_stats_function(doc_type);
+    -- the tables the query reads, found here, in the declarer's session: a superuser caching
+    -- them later does not parse the declarer's query in its own (NULL: it cannot be cached)
+    if pgrag._may_run_declared(current_user::regrole) then
+        begin
+            found_tables := pgrag._stats_query_tables(declare_stats.doc_type);
+            update pgrag.doc_stats s set query_tables = found_tables
+             where s.doc_type = declare_stats.doc_type;
+        exception when sqlstate 'PR003' then
+            null;  -- not cacheable: pgrag.cache_stats says why
+        end;
+    end if;
 end
 $$;
 
@@ -78,8 +91,11 @@ begin
     end if;
     perform pgrag._filter_sql(filter, pgrag._filter_schema(doc_types));  -- PR005 before any type
     -- each type's statistics run as their declarer (pgrag_docs.stats_<type>)
+    -- (in a superuser's session, only the statistics a superuser declared: another role's
+    -- are left out, pgrag._may_run_declared; asked for by name, they are refused)
     for t in select s.doc_type, s.owner from pgrag.doc_stats s
-              where stats_detail.doc_types is null or s.doc_type = any(stats_detail.doc_types)
+              where (stats_detail.doc_types is null and pgrag._may_run_declared(s.owner))
+                 or s.doc_type = any(stats_detail.doc_types)
               order by s.doc_type loop
         fn := pgrag._generated('stats', t.doc_type);
         checked := pgrag._check_generated(fn, t.owner);
@@ -150,7 +166,29 @@ begin
                                  'no statement trigger', doc_type),
                 hint = 'leave them uncached here (computed at every call)';
         end if;
-        deps := pgrag._stats_query_tables(doc_type);
+        if owner is null or pgrag._may_run_declared(owner) then
+            deps := pgrag._stats_query_tables(doc_type);
+        else
+            -- a superuser's session does not parse another role's query: the tables found
+            -- when its declarer declared it
+            select s.query_tables into deps from pgrag.doc_stats s
+             where s.doc_type = cache_stats.doc_type;
+            if deps is not null then  -- (tables that still exist: a conversion of the store
+                -- replaced pgrag.chunks, whose current one is added as always)
+                deps := (select array_agg(distinct t order by t)
+                           from unnest(deps || '{pgrag.chunks,pgrag.doc_stats}'::regclass[]) t
+                          where exists (select from pg_class c where c.oid = t));
+            end if;
+            if deps is null then
+                raise exception using errcode = 'PR008',
+                    message = format('the statistics of %s, declared by %s, cannot be cached in a '
+                                     'superuser''s session: pgrag does not parse %s''s query '
+                                     'here, and it did not record its tables (not cacheable, or '
+                                     'declared before revision 0010)', doc_type, owner, owner),
+                    hint = format('cache them as %s (its own login), or declare them again as '
+                                  '%s and cache them here', owner, owner);
+            end if;
+        end if;
     elsif not exists (select from pgrag.doc_stats s where s.doc_type = doc_type) then
         raise exception using errcode = 'PR003',
             message = format('document type %s has no declared statistics', doc_type),

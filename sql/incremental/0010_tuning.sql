@@ -107,3 +107,8 @@ begin
     end if;
 end
 $$;
+
+-- The tables a type's declared statistics read, found at declaration in the declarer's own
+-- session (pgrag.declare_stats): pgrag.cache_stats in a superuser's session uses them instead of
+-- parsing the declarer's query there (docs/security.md).
+alter table pgrag.doc_stats add column if not exists query_tables regclass[];

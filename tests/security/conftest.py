@@ -25,6 +25,7 @@ PASSWORD = "pgrag-attacker-password"
 class Scene:
     victim: str  # the superuser's URL
     attacker: str  # the attacker's URL (a login role, member of the writer role)
+    app: str  # an application's URL: another login in the writer role, with rights of its own
     role: str  # the attacker's role name
     schema: str  # where the attacker may create functions (pgrag_docs; pgrag before 0009)
 
@@ -93,13 +94,25 @@ def scene(db_url: str) -> Iterator[Scene]:
             == (True,)
             else "pgrag"
         )
+    app = f"{role}_app"
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "create role {a} login password {p} in role {w}; "
+                "grant usage on schema attack to {a}; "
+                "grant select, insert, update, delete on attack.things to {a}; "
+                "grant select, insert, update, delete on victim.notes to {a}"
+            ).format(a=sql.Identifier(app), p=sql.Literal(PASSWORD), w=sql.Identifier(writer[0]))
+        )
     url = psycopg.conninfo.make_conninfo(db_url, user=role, password=PASSWORD)
+    app_url = psycopg.conninfo.make_conninfo(db_url, user=app, password=PASSWORD)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(EVIL.format(schema=schema, role=sql.Literal(role).as_string(conn)).encode())
-    yield Scene(victim=db_url, attacker=url, role=role, schema=schema)
+    yield Scene(victim=db_url, attacker=url, app=app_url, role=role, schema=schema)
     with psycopg.connect(db_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("drop owned by {} cascade").format(sql.Identifier(role)))
-        conn.execute(sql.SQL("drop role {}").format(sql.Identifier(role)))
+        for r in (app, role):
+            conn.execute(sql.SQL("drop owned by {} cascade").format(sql.Identifier(r)))
+            conn.execute(sql.SQL("drop role {}").format(sql.Identifier(r)))
 
 
 def declare_things(conn: psycopg.Connection[Any], name: str = "things") -> None:

@@ -129,10 +129,10 @@ def test_statistics_run_as_their_declarer_whoever_asks(scene: Scene) -> None:
             "select pgrag.declare_stats('things', $s$select jsonb_build_object('n', count(*), "
             f"'x', {scene.schema}.evil()) from hits h$s$)"
         )
-    with psycopg.connect(scene.victim, autocommit=True) as conn:
+    with psycopg.connect(scene.app, autocommit=True) as conn:
         conn.execute("select pgrag.stats()")
     assert not scene.attacker_is_superuser()
-    with psycopg.connect(scene.victim, autocommit=True) as conn:
+    with psycopg.connect(scene.app, autocommit=True) as conn:
         conn.execute("select * from pgrag.stats_detail('{}')")
         conn.execute("select pgrag.stats('{}', '{things}')")
         search(conn, "one", mode="text", stats=True)
@@ -183,7 +183,7 @@ def test_everything_a_writer_declared_runs_as_the_writer(scene: Scene) -> None:
             "select pgrag.declare_stats('things', $s$select jsonb_build_object('x', "
             f"{scene.schema}.evil()) from hits$s$)"
         )
-    with psycopg.connect(scene.victim, autocommit=True) as conn:
+    with psycopg.connect(scene.app, autocommit=True) as conn:
         conn.execute("select pgrag.refresh('things')")
         conn.execute("update attack.things set name = name || '!'")
         conn.execute("select * from pgrag.verify()")
@@ -213,9 +213,10 @@ def _declare_evil_things(scene: Scene) -> None:
 
 
 def _victim_runs_everything(scene: Scene) -> list[str]:
-    """What a superuser does that calls a type's generated functions; the errors it got."""
+    """What an application (another writer login) does that calls a type's generated
+    functions; the errors it got. (A superuser's session runs none: see below.)"""
     errors: list[str] = []
-    with psycopg.connect(scene.victim, autocommit=True) as conn:
+    with psycopg.connect(scene.app, autocommit=True) as conn:
         for stmt in (
             "select pgrag.refresh('things')",
             "update attack.things set name = name || '!'",
@@ -386,7 +387,7 @@ def test_declared_code_cannot_leave_state_in_the_callers_session(scene: Scene) -
             "select pgrag.declare_stats('things', $s$select jsonb_build_object('n', count(*), "
             f"'x', {scene.schema}.plant()) from hits$s$)"
         )
-    with psycopg.connect(scene.victim, autocommit=True) as conn:
+    with psycopg.connect(scene.app, autocommit=True) as conn:
         path = conn.execute("show search_path").fetchone()
         refused: list[str] = []
         for stmt in (
@@ -432,7 +433,7 @@ def test_a_generated_function_altered_while_it_runs_is_undone(scene: Scene) -> N
     with psycopg.connect(scene.attacker, autocommit=True) as conn:
         declare_things(conn)
         conn.execute(declare_things_with_store)
-    with psycopg.connect(scene.victim, autocommit=True) as conn:
+    with psycopg.connect(scene.app, autocommit=True) as conn:
         conn.execute("select pgrag.refresh('things', array['1'])")
         (message,) = conn.execute(
             "select message from pgrag.render_errors where doc_type = 'things'"
@@ -475,5 +476,36 @@ def test_caching_statistics_parses_them_as_their_declarer_and_leaves_no_trace(
         assert conn.execute(
             "select count(*) from pg_prepared_statements where name = 'planted_statement'"
         ).fetchone() == (0,)
+    assert not scene.attacker_is_superuser()
+    assert scene.ran_as() <= {scene.role}
+
+
+def test_a_superuser_session_runs_no_other_roles_declared_sql(scene: Scene) -> None:
+    """Whatever pgrag checks around a declarer's code, it runs in the caller's session, where
+    it can leave what no check sees (a deferred trigger that fires at commit, a role reset to
+    the session's login under SET ROLE) and act outside the transaction (the third review
+    made a writer superuser both ways). So a superuser's session runs no other role's declared
+    SQL: its writes queue the documents for the worker, its refresh, verify, listing, named
+    statistics and cache_stats are refused (PR008) or leave the type out, and its worker
+    leaves them in the queue."""
+    _declare_evil_things(scene)
+    with psycopg.connect(scene.victim, autocommit=True) as conn:
+        for stmt in (
+            "select pgrag.refresh('things')",
+            "select pgrag.document_keys('things')",
+            "select pgrag.stats('{}', '{things}')",
+            "select pgrag.cache_stats('things')",
+        ):
+            with pytest.raises(psycopg.Error, match="superuser's session"):
+                conn.execute(stmt.encode())
+        assert "superuser's session" in str(
+            conn.execute("select problem from pgrag.verify('things')").fetchone()
+        )
+        conn.execute("select pgrag.stats()")  # the writer's statistics left out
+        conn.execute("update attack.things set name = name || '?'")  # commits, queued
+        assert conn.execute(
+            "select count(*) from pgrag.render_queue where doc_type = 'things'"
+        ).fetchone() != (0,)
+        assert conn.execute("select entries from pgrag.render_queued()").fetchone() == (0,)
     assert not scene.attacker_is_superuser()
     assert scene.ran_as() <= {scene.role}
