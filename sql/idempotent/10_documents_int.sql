@@ -295,7 +295,7 @@ declare
 begin
     perform pgrag._refuse_declared(owner, 'pgrag_docs.' || name);
     select count(*) as n, min(p.oid::regprocedure::text) as fn,
-           min(p.oid::text || ':' || p.xmin::text) as version,
+           min(p.oid::text || ':' || p.prosecdef::text || ':' || p.proowner::text) as version,
            bool_and(p.prosecdef) as definer, bool_and(p.proowner = owner) as owned,
            string_agg(distinct p.proowner::regrole::text, ', ') as owners
       into f
@@ -374,7 +374,9 @@ begin
     if before is null then
         return;
     end if;
-    select p.oid::text || ':' || p.xmin::text into now_version
+    -- (what makes it run as whom: its oid, security definer flag and owner; not its row
+    -- version, which a migration regenerating it meanwhile changes too)
+    select p.oid::text || ':' || p.prosecdef::text || ':' || p.proowner::text into now_version
       from pg_proc p
      where p.pronamespace = 'pgrag_docs'::regnamespace and p.proname = name;
     if now_version is distinct from before ->> 'version'
