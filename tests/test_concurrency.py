@@ -157,3 +157,98 @@ def test_downgrade_that_would_drop_data_is_refused(db_url: str) -> None:
     r = run_pgrag("--database-url", db_url, "db", "downgrade", "base", "--drop-data")
     assert r.returncode == 0, r.stderr
     assert migrate.current(db_url) is None
+
+
+_SKEW_SCHEMA = """
+create schema skew;
+create table skew.projects (id integer primary key, name text not null);
+create table skew.tasks (id integer primary key, project_id integer not null, title text not null);
+create table skew.comments (id integer primary key, task_id integer not null, body text not null);
+create table skew.gate (id integer);
+insert into skew.projects values (1, 'alpha'), (2, 'beta');
+insert into skew.tasks values (10, 1, 'x'), (20, 1, 'y');
+insert into skew.comments values (100, 10, 'hello'), (200, 20, 'world');
+-- the application's own deferred check, which here waits for the test at commit, after
+-- pgrag's render (its event is queued by a later statement than pgrag's)
+create function skew.hold() returns trigger language plpgsql as $$
+begin perform pg_advisory_lock(7061733); perform pg_advisory_unlock(7061733); return null; end $$;
+create constraint trigger hold after insert on skew.gate deferrable initially deferred
+    for each row execute function skew.hold();
+select pgrag.declare_document('skew_task',
+    $$select t.id as source_key, format('task %s of %s: %s', t.title, p.name,
+             coalesce((select string_agg(c.body, ', ' order by c.id) from skew.comments c
+                        where c.task_id = t.id), '')) as text
+        from skew.tasks t join skew.projects p on p.id = t.project_id$$,
+    '{"skew.tasks": "select id from changed",
+      "skew.comments": "select task_id from changed",
+      "skew.projects": "select t.id from changed p join skew.tasks t on t.project_id = p.id"}');
+select pgrag.declare_document('skew_comment',
+    $$select c.id as source_key, format('%s on %s', c.body, p.name) as text
+        from skew.comments c join skew.tasks t on t.id = c.task_id
+        join skew.projects p on p.id = t.project_id$$,
+    jsonb_build_object(
+        'skew.comments', 'select id from changed',
+        'skew.tasks', 'select c.id from changed t join skew.comments c on c.task_id = t.id',
+        'skew.projects', 'select c.id from changed p join skew.tasks t on t.project_id = p.id '
+                         'join skew.comments c on c.task_id = t.id'));
+"""
+
+
+def test_a_queued_render_that_waited_for_a_writer_sees_what_it_moved(db_url: str) -> None:
+    """Found by a concurrency test: a writer (commit mode) moves comment 100 onto task 20 and
+    renders it at its commit, project alpha; before it commits, a queue-mode move of task 20
+    to project beta is rendered by the worker, whose key query (comments of task 20) cannot
+    see comment 100 yet, and which waits for the writer's lock on task 20. The writer commits;
+    the worker rendered without running its key queries again, and comment 100's chunk kept
+    'alpha' for good. render_queued now runs them again after its locks, as sync_now does."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(_SKEW_SCHEMA.encode())
+    with (
+        psycopg.connect(db_url, autocommit=True) as test,
+        psycopg.connect(db_url) as writer,
+        psycopg.connect(db_url, autocommit=True) as mover,
+        psycopg.connect(db_url, autocommit=True) as worker,
+    ):
+        test.execute("select pg_advisory_lock(7061733)")
+        writer.execute("update skew.comments set task_id = 20 where id = 100")
+        writer.execute("insert into skew.gate values (1)")
+        committed: list[BaseException | None] = []
+
+        def commit() -> None:
+            try:
+                writer.commit()  # renders at commit (alpha), then waits at the gate
+                committed.append(None)
+            except BaseException as exc:  # noqa: BLE001 (reported by the assertion below)
+                committed.append(exc)
+
+        t_commit = threading.Thread(target=commit)
+        t_commit.start()
+        writer_pid = writer.info.backend_pid
+        wait_for(lambda: waits_on_advisory(test, writer_pid), "the writer waits at the gate")
+        mover.execute("set pgrag.sync = queue")
+        mover.execute("update skew.tasks set project_id = 2 where id = 20")
+        rendered: list[Any] = []
+        t_render = threading.Thread(
+            target=lambda: rendered.append(
+                worker.execute("select * from pgrag.render_queued()").fetchone()
+            )
+        )
+        t_render.start()
+        worker_pid = worker.info.backend_pid
+        wait_for(lambda: waits_on_advisory(test, worker_pid), "the worker waits for the writer")
+        test.execute("select pg_advisory_unlock(7061733)")
+        t_commit.join(PATIENCE_S)
+        t_render.join(PATIENCE_S)
+        assert committed == [None] and rendered, (committed, rendered)
+        text = test.execute(
+            "select text from pgrag.chunks where doc_type = 'skew_comment' and source_key = '100'"
+        ).fetchone()
+        assert text == ("hello on beta",), text
+        assert test.execute("select * from pgrag.verify()").fetchall() == []
+
+
+def waits_on_advisory(conn: psycopg.Connection[Any], pid: int) -> bool:
+    row = conn.execute(
+        "select exists (select from pg_locks where pid = %s and not granted)", (pid,)
+    ).fetchone()
+    return bool(row and row[0])

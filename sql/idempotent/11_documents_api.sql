@@ -932,6 +932,11 @@ declare
     todo jsonb;
     rows_cur refcursor;
     n bigint;
+    has_rows boolean;
+    before_keys pg_snapshot;
+    after_locks pg_snapshot;
+    found_keys jsonb;
+    missed jsonb;
 begin
     perform pgrag._check_range('max_entries', max_entries, 1, 100000);
     -- (in a superuser's session, only the types a superuser declared: pgrag._may_run_declared)
@@ -962,7 +967,10 @@ begin
               from pgrag.render_queue s left join lateral unnest(s.keys) u(k) on true
              where s.id = any(ids)
              group by s.doc_type) x;
-    if exists (select from pgrag.render_queue s where s.id = any(ids) and s.rows is not null) then
+    has_rows := exists (select from pgrag.render_queue s
+                         where s.id = any(ids) and s.rows is not null);
+    before_keys := pg_current_snapshot();
+    if has_rows then
         open rows_cur for select s.doc_type, s.source_table, s.rows
                             from pgrag.render_queue s
                            where s.id = any(ids) and s.rows is not null
@@ -970,6 +978,25 @@ begin
         todo := pgrag._todo_merge(todo, pgrag._keys_of_rows(rows_cur, todo));
     end if;
     perform pgrag._lock_documents(todo, true);
+    -- What committed while the locks were awaited may have moved rows to other documents (a
+    -- comment moved onto the task this entry moved, committed by a writer whose render held
+    -- a lock this call waited for): the key queries again, as pgrag.sync_now does, until they
+    -- find nothing new. Documents another session holds go back to the queue. (Without this,
+    -- the writer's render and this one each missed the other's change: stale until a rebuild.)
+    after_locks := pg_current_snapshot();
+    while has_rows and pgrag._committed_between(before_keys, after_locks) loop
+        open rows_cur for select s.doc_type, s.source_table, s.rows
+                            from pgrag.render_queue s
+                           where s.id = any(ids) and s.rows is not null
+                           order by s.doc_type, s.source_table, s.id;
+        found_keys := pgrag._todo_minus(pgrag._keys_of_rows(rows_cur, todo), todo);
+        exit when found_keys = '{}';
+        missed := pgrag._lock_documents(found_keys, false);
+        perform pgrag._defer(missed);
+        todo := pgrag._todo_merge(todo, pgrag._todo_minus(found_keys, missed));
+        before_keys := after_locks;
+        after_locks := pg_current_snapshot();
+    end loop;
     n := pgrag._render_todo(todo);
     insert into pgrag.render_lag (doc_type, documents, lags_ms)
     select s.doc_type,
