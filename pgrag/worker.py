@@ -234,6 +234,7 @@ class Worker:
         self.failure_retry = timedelta(seconds=failure_retry_s)
         self.stop = stop or threading.Event()
         self._conn: psycopg.Connection[Any] | None = None
+        self._warned: set[str] = set()  # server warnings passed to notice (_server_warning)
 
     # ---- lifecycle ----
 
@@ -252,6 +253,7 @@ class Worker:
                 "the primary; the vectors it writes reach the standbys by replication"
             )
         register_vector(conn)
+        conn.add_notice_handler(self._server_warning)
         self._conn = conn
         if self.auto_reindex and not self._reindex_checked:
             # a rebuild that built its index but died before the swap (a killed worker or
@@ -331,6 +333,18 @@ class Worker:
             (self.embedder.name, limit),
         ).fetchall()
         return [ChunkFailure(int(r[0]), str(r[1]), False) for r in rows]
+
+    def _server_warning(self, diag: psycopg.errors.Diagnostic) -> None:
+        """pgrag's own server warnings (``pgrag: ...``) to ``notice``, each text once per
+        worker: render_queued in a superuser's session leaves other roles' types in the
+        queue and says so at every poll."""
+        text = diag.message_primary or ""
+        if diag.severity_nonlocalized != "WARNING" or not text.startswith("pgrag: "):
+            return
+        if text in self._warned:
+            return
+        self._warned.add(text)
+        self.notice(text + (f" ({diag.message_hint})" if diag.message_hint else ""))
 
     # ---- one batch ----
 

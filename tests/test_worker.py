@@ -420,3 +420,33 @@ def test_cli_embed_progress_and_mismatch(db_url: str, fake: FakeEmbeddings) -> N
 def test_unmigrated_database_is_a_clear_error(empty_db_url: str) -> None:
     with pytest.raises(NotMigrated, match="pgrag db upgrade"):
         Worker(empty_db_url, default_embedder()).open()
+
+
+def test_a_superuser_worker_says_which_queued_types_it_leaves(db_url: str) -> None:
+    """A superuser's session runs no other role's declared SQL (docs/security.md): its worker
+    leaves those types' queue entries, and says so once, not at every poll."""
+    from .test_security import as_role
+
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        writer = conn.execute("select writer_role from pgrag.settings").fetchone()
+        assert writer is not None
+        conn.execute(
+            f"create schema wq; create table wq.t (id integer primary key, v text not null); "
+            f"alter table wq.t owner to {writer[0]}; grant usage on schema wq to {writer[0]}"
+        )
+    with psycopg.connect(as_role(db_url, writer[0]), autocommit=True) as w:
+        w.execute(
+            "select pgrag.declare_document('wq_t', 'select id as source_key, v as text "
+            'from wq.t\', \'{"wq.t": "select id from changed"}\')'
+        )
+        w.execute("select pgrag.set_sync('wq_t', 'queue')")
+        w.execute("insert into wq.t values (1, 'one')")
+    said: list[str] = []
+    with Worker(db_url, default_embedder(), notice=said.append) as worker:
+        assert worker.render_batch() is None and worker.render_batch() is None
+    assert len(said) == 1 and "a superuser's session does not render" in said[0], said
+    assert "run the worker" in said[0]
+    with psycopg.connect(db_url) as conn:  # still queued, for a worker that may render it
+        assert conn.execute(
+            "select count(*) from pgrag.render_queue where doc_type = 'wq_t'"
+        ).fetchone() == (1,)
