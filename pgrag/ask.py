@@ -27,7 +27,7 @@ from pgrag.answer import Answer, Context, LLMConfig, answer, not_found_answer
 from pgrag.errors import ConfigError, DocumentError
 from pgrag.filters import check_filter
 from pgrag.limits import check_connection, check_question
-from pgrag.parse import Link, ParsedQuery, RankBy, parse_question
+from pgrag.parse import NOT_FILTERED, Link, ParsedQuery, RankBy, parse_question
 from pgrag.rerank import Reranker
 from pgrag.search import SearchHit, SearchResult
 from pgrag.vocabulary import Vocabulary, load_vocabulary, name_words, same_word, tokens
@@ -273,7 +273,7 @@ def find(conn: psycopg.Connection[Any], question: str, **args: Unpack[AskArgs]) 
             missing = "nothing in the data is named " + " or ".join(map(repr, absent))
         else:  # in some text, in no key's values (or in too many): searched, not filtered on
             notes.extend(
-                f"{n!r}: no key's value is that name alone, searched as text, not filtered on"
+                f"{n!r}: no key's value is that name alone, searched as text, {NOT_FILTERED}"
                 for n in parsed.unknown_names
             )
     parse_ms = (time.perf_counter() - started) * 1000
@@ -374,7 +374,7 @@ def respond(f: Found, **args: Unpack[AskArgs]) -> AskResult:
             headline=None
             if rank is not None
             or _partial(parsed, f.vocabulary, flt)
-            or any(n.endswith(_NOT_FILTERED) for n in notes)
+            or any(n.endswith(NOT_FILTERED) for n in notes)
             else pick_statistic(f.question, parsed, stats_found, f.vocabulary, flt),
         )
     generate_ms = (time.perf_counter() - t) * 1000
@@ -427,7 +427,7 @@ def _resolve_link(
     if not values:
         return f"no {link.via_type} has {link.via_key} {json.dumps(condition, default=str)}"
     if len(values) > MAX_LINKED:
-        notes.append(f"{link.phrase!r} names over {MAX_LINKED} {link.via_type}: not filtered on")
+        notes.append(f"{link.phrase!r} names over {MAX_LINKED} {link.via_type}: {NOT_FILTERED}")
         return None
     value: Any = values[0] if len(values) == 1 else {"$in": values}
     if link.key in flt and flt[link.key] != value:
@@ -465,11 +465,6 @@ def _filter_keys(f: Any) -> set[str]:
     return {k for k in f if not k.startswith("$")} | set().union(
         *(_filter_keys(v) for k, v in f.items() if k.startswith("$"))
     )
-
-
-# how a note ends when part of the question was left out of the filter: the statistics then
-# count more than was asked, so none of them is the answer (parse.py's notes say it too)
-_NOT_FILTERED = "not filtered on"
 
 
 def _partial(parsed: ParsedQuery, vocabulary: Vocabulary, flt: Mapping[str, Any]) -> bool:

@@ -45,6 +45,7 @@ from pgrag.limits import check_question
 from pgrag.vocabulary import (
     WORD_RE,
     KeyWords,
+    TypeWords,
     Vocabulary,
     fold,
     name_words,
@@ -345,6 +346,9 @@ _RANK_RE = re.compile(
     r"|smallest|minimum)\b",
     re.I,
 )
+# how a note ends when part of the question was left out of the filter: the statistics then
+# count more than was asked, so none of them is the answer (pgrag.ask drops the headline)
+NOT_FILTERED = "not filtered on"
 _ASCENDING = {"fewest", "least", "lowest", "smallest", "minimum", "bottom"}
 # superlatives of time, not of a measure ("the latest loans" are no late_count ranking)
 _TIME_SUPERLATIVES = {"latest", "earliest", "newest", "oldest"}
@@ -651,7 +655,7 @@ def parse_question(
         )
         if not keys:
             notes.append(
-                f"{m.group(0).strip()!r}: no numeric key of the store matches it, not filtered on"
+                f"{m.group(0).strip()!r}: no numeric key of the store matches it, {NOT_FILTERED}"
             )
             continue
         condition = {"$gte": low, "$lte": high} if op == "between" else {op: low}
@@ -743,7 +747,7 @@ def parse_question(
             owners = sorted({t for t, _ in mention.keys})
             notes.append(
                 f"{mention.phrase!r} is about {', '.join(owners)}, not "
-                f"{'/'.join(doc_types)}: not filtered on"
+                f"{'/'.join(doc_types)}: {NOT_FILTERED}"
             )
             continue
         conditions = {
@@ -781,7 +785,7 @@ def parse_question(
                 ors.append({"$or": [{k: condition} for k in date_keys]})
         else:
             notes.append(
-                f"{time_range.phrase!r}: {'/'.join(doc_types)} has no date key, not filtered on"
+                f"{time_range.phrase!r}: {'/'.join(doc_types)} has no date key, {NOT_FILTERED}"
             )
     if len(ors) == 1:
         flt.update(ors[0])
@@ -1022,7 +1026,7 @@ def _numeric_keys_near(
     chosen: list[tuple[str, str]] = []
     for t in vocabulary.types.values():
         scored: dict[str, float] = {}
-        numeric = [k for k in t.keys.values() if k.type in ("integer", "numeric") and not _is_id(k)]
+        numeric = _measures(t)
         for k in numeric:
             words = index.key_words[(t.name, k.name)]
             score = 0.0
@@ -1097,9 +1101,7 @@ def _rank(vocabulary: Vocabulary, index: _Index, text: str, toks: Sequence[_Tok]
             weights[tok.start] /= 2
     scored: dict[str, float] = {}
     for t in vocabulary.types.values():
-        for k in t.keys.values():
-            if k.type not in ("integer", "numeric") or _is_id(k):
-                continue
+        for k in _measures(t):
             words = index.key_words[(t.name, k.name)]
             score = sum(
                 w
@@ -1113,6 +1115,11 @@ def _rank(vocabulary: Vocabulary, index: _Index, text: str, toks: Sequence[_Tok]
     candidates = tuple(sorted(scored, key=lambda k: (-scored[k], k)))
     phrase = " ".join(x.group(0) for x in (top, m, by) if x is not None)
     return RankBy(candidates[0], descending, limit, phrase, candidates)
+
+
+def _measures(t: TypeWords) -> list[KeyWords]:
+    """A type's numeric keys that are measures, not ids: what a question ranks or compares by."""
+    return [k for k in t.keys.values() if k.type in ("integer", "numeric") and not _is_id(k)]
 
 
 def _superlative(vocabulary: Vocabulary, index: _Index, toks: Sequence[_Tok]) -> RankBy | None:
@@ -1129,9 +1136,7 @@ def _superlative(vocabulary: Vocabulary, index: _Index, toks: Sequence[_Tok]) ->
             bases.add(base[:-1] + "y")
         scored: dict[str, int] = {}
         for t in vocabulary.types.values():
-            for k in t.keys.values():
-                if k.type not in ("integer", "numeric") or _is_id(k):
-                    continue
+            for k in _measures(t):
                 words = index.key_words[(t.name, k.name)]
                 if any(same_word(b, x) or b == x for b in bases for x in words):
                     scored[k.name] = scored.get(k.name, 0) + 1

@@ -185,6 +185,19 @@ return case when kind in ('sync', 'keys')
             else format('%s_%s', kind, doc_type) end;
 
 
+create or replace function pgrag._superuser_session()
+returns boolean
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+-- Whether the session's login role or its current role is a superuser (SET ROLE away from a
+-- superuser login does not count: code run in the session can reset the role).
+return (select coalesce(bool_or(r.rolsuper), false) from pg_roles r
+         where r.rolname in (session_user, current_user));
+
+comment on function pgrag._superuser_session() is
+    'Whether the session''s login or current role is a superuser';
+
+
 create or replace function pgrag._may_run_declared(owner regrole)
 returns boolean
 language sql stable security invoker
@@ -194,8 +207,7 @@ set search_path = pg_catalog, pg_temp
 -- owner is one too. The declarer's code runs as itself there, but in the superuser's session:
 -- what it leaves behind (a search_path, a deferred trigger that fires at commit, a role reset
 -- to the session's own) acts as the superuser, and no check after the call sees all of it.
-return not (select coalesce(bool_or(r.rolsuper), false) from pg_roles r
-             where r.rolname in (session_user, current_user))
+return not pgrag._superuser_session()
     or coalesce((select r.rolsuper from pg_roles r where r.oid = owner), false);
 
 comment on function pgrag._may_run_declared(regrole) is
@@ -258,17 +270,41 @@ comment on function pgrag._session_state() is
     'objects, pgrag settings)';
 
 
+create or replace function pgrag._prepared_statements()
+returns jsonb
+language sql volatile security invoker
+set search_path = pg_catalog, pg_temp
+-- The session's prepared statements, each as name@prepare_time (one made again has another
+-- time): what pgrag._check_generated records and pgrag._check_generated_after compares.
+return (select coalesce(jsonb_agg(s.name || '@' || s.prepare_time order by s.name), '[]')
+          from pg_prepared_statements s);
+
+comment on function pgrag._prepared_statements() is
+    'The session''s prepared statements (name@prepare_time), to compare before and after a call';
+
+
+create or replace function pgrag._generated_version(name text)
+returns text
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+-- What makes pgrag_docs.<name> run as whom: its oid, security definer flag and owner (not its
+-- row version, which a migration regenerating it changes too). NULL: no such function.
+return (select min(p.oid::text || ':' || p.prosecdef::text || ':' || p.proowner::text)
+          from pg_proc p
+         where p.pronamespace = 'pgrag_docs'::regnamespace and p.proname = name);
+
+comment on function pgrag._generated_version(text) is
+    'A generated function''s oid, definer flag and owner, compared around a call';
+
+
 create or replace function pgrag._session_token()
 returns jsonb
 language sql volatile security invoker
 set search_path = pg_catalog, pg_temp
 -- The session before pgrag runs a declarer's code in it: pgrag._session_state(), and the
 -- prepared statements (pgrag._undo_prepared deallocates those made since).
-return jsonb_build_object(
-    'state', pgrag._session_state(),
-    'prepared', (select coalesce(jsonb_agg(s.name || '@' || s.prepare_time order by s.name),
-                                 '[]')
-                   from pg_prepared_statements s));
+return jsonb_build_object('state', pgrag._session_state(),
+                          'prepared', pgrag._prepared_statements());
 
 comment on function pgrag._session_token() is
     'The session''s state and prepared statements, before a declarer''s code runs in it';
@@ -288,14 +324,13 @@ as $fn$
 -- security invoker (ALTER FUNCTION needs only ownership) or replace its body, and run code with
 -- the caller's rights, a superuser's included; or add an overload of the same name that makes
 -- pgrag's call ambiguous for everyone. PR003 names what is wrong; NULL: no such function.
--- Returns what pgrag._check_generated_after compares once the call returns: the function's row
--- version, the session's state, its prepared statements.
+-- Returns what pgrag._check_generated_after compares once the call returns: what makes the
+-- function run as whom, the session's state, its prepared statements.
 declare
     f record;
 begin
     perform pgrag._refuse_declared(owner, 'pgrag_docs.' || name);
     select count(*) as n, min(p.oid::regprocedure::text) as fn,
-           min(p.oid::text || ':' || p.prosecdef::text || ':' || p.proowner::text) as version,
            bool_and(p.prosecdef) as definer, bool_and(p.proowner = owner) as owned,
            string_agg(distinct p.proowner::regrole::text, ', ') as owners
       into f
@@ -319,7 +354,8 @@ begin
                                         else 'runs as its caller (security invoker)' end),
             hint = format('declare the type again as %s, which regenerates it', owner);
     end if;
-    return pgrag._session_token() || jsonb_build_object('version', f.version);
+    return pgrag._session_token()
+           || jsonb_build_object('version', pgrag._generated_version(name));
 end
 $fn$;
 
@@ -374,15 +410,10 @@ begin
     if before is null then
         return;
     end if;
-    -- (what makes it run as whom: its oid, security definer flag and owner; not its row
-    -- version, which a migration regenerating it meanwhile changes too)
-    select p.oid::text || ':' || p.prosecdef::text || ':' || p.proowner::text into now_version
-      from pg_proc p
-     where p.pronamespace = 'pgrag_docs'::regnamespace and p.proname = name;
+    now_version := pgrag._generated_version(name);
     if now_version is distinct from before ->> 'version'
        or state is distinct from before ->> 'state'
-       or (select coalesce(jsonb_agg(s.name || '@' || s.prepare_time order by s.name), '[]')
-             from pg_prepared_statements s) is distinct from before -> 'prepared' then
+       or pgrag._prepared_statements() is distinct from before -> 'prepared' then
         perform pgrag._undo_prepared(before);
         raise exception using errcode = 'PR003',
             message = format('pgrag_docs.%I %s: pgrag undid what it did', name,
@@ -857,7 +888,7 @@ begin
             if keys is null then
                 raise;
             end if;
-            insert into pgrag.render_queue (doc_type, keys) values (doc_type, keys);
+            perform pgrag._defer(jsonb_build_object(doc_type, to_jsonb(keys)));
             raise warning using message = format('pgrag: %s', sqlerrm),
                 detail = format('%s document(s) of %s were queued for the worker instead',
                                 cardinality(keys), doc_type);
@@ -1146,6 +1177,43 @@ comment on function pgrag._todo_of_lines(text) is
     'Lines of documents ({type: [keys] | null}, one a line) merged into one set';
 
 
+create or replace function pgrag._moved_meanwhile(todo jsonb, before_keys pg_snapshot,
+                                                  rows_query text)
+returns jsonb
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+-- After a render took its documents' locks (pgrag.sync_now at a writer's commit,
+-- pgrag.render_queued for the worker): if a transaction committed since the key queries ran
+-- (before_keys), it may have moved recorded rows to other documents, so the key queries run
+-- again over the recorded rows (rows_query: their cursor's statement, as pgrag._keys_of_rows
+-- reads it), until they find nothing new. The documents found are locked only if free (they
+-- are out of the global lock order); those held elsewhere go to the render queue
+-- (pgrag._defer). Returns todo with the documents found.
+declare
+    after_locks pg_snapshot := pg_current_snapshot();
+    entries refcursor;
+    found_keys jsonb;
+    missed jsonb;
+begin
+    while pgrag._committed_between(before_keys, after_locks) loop
+        open entries for execute rows_query;
+        found_keys := pgrag._todo_minus(pgrag._keys_of_rows(entries, todo), todo);
+        exit when found_keys = '{}';
+        missed := pgrag._lock_documents(found_keys, false);
+        perform pgrag._defer(missed);
+        todo := pgrag._todo_merge(todo, pgrag._todo_minus(found_keys, missed));
+        before_keys := after_locks;
+        after_locks := pg_current_snapshot();
+    end loop;
+    return todo;
+end
+$fn$;
+
+comment on function pgrag._moved_meanwhile(jsonb, pg_snapshot, text) is
+    'The key queries again after a render''s locks, for what committed meanwhile';
+
+
 create or replace function pgrag._todo_minus(a jsonb, b jsonb)
 returns jsonb
 language plpgsql immutable parallel safe security invoker
@@ -1263,6 +1331,7 @@ begin
                                       coalesce(fn, 'keys_' || cur_type || '_*'));
                 end if;
             else
+                checked := null;  -- (not an earlier batch's, if the check below fails)
                 begin
                     checked := pgrag._check_generated(fn, (select d.owner
                                                              from pgrag.doc_types d

@@ -818,12 +818,9 @@ declare
     me xid8 := pg_current_xact_id_if_assigned();
     pending text;
     todo jsonb;
-    found_keys jsonb;
-    missed jsonb;
     has_rows boolean;
     entries refcursor;
     before_keys pg_snapshot;
-    after_locks pg_snapshot;
     n bigint;
 begin
     if me is null then
@@ -887,20 +884,12 @@ begin
     perform pgrag._lock_documents(todo, true);
 
     -- 4. what committed meanwhile may have moved rows to other documents
-    after_locks := pg_current_snapshot();
-    while has_rows and pgrag._committed_between(before_keys, after_locks) loop
-        open entries for select s.doc_type, s.source_table, s.changed as rows
-                           from pgrag.sync_queue s
-                          where s.xid = me and s.changed is not null
-                          order by s.doc_type, s.source_table, s.seq;
-        found_keys := pgrag._todo_minus(pgrag._keys_of_rows(entries, todo), todo);
-        exit when found_keys = '{}';
-        missed := pgrag._lock_documents(found_keys, false);
-        perform pgrag._defer(missed);
-        todo := pgrag._todo_merge(todo, pgrag._todo_minus(found_keys, missed));
-        before_keys := after_locks;
-        after_locks := pg_current_snapshot();
-    end loop;
+    if has_rows then
+        todo := pgrag._moved_meanwhile(todo, before_keys, format(
+            'select s.doc_type, s.source_table, s.changed as rows from pgrag.sync_queue s '
+            'where s.xid = %L::xid8 and s.changed is not null '
+            'order by s.doc_type, s.source_table, s.seq', me));
+    end if;
     delete from pgrag.sync_queue s where s.xid = me;
 
     -- 5. render
@@ -934,22 +923,24 @@ declare
     n bigint;
     has_rows boolean;
     before_keys pg_snapshot;
-    after_locks pg_snapshot;
-    found_keys jsonb;
-    missed jsonb;
+    superuser boolean;
 begin
     perform pgrag._check_range('max_entries', max_entries, 1, 100000);
-    -- (in a superuser's session, only the types a superuser declared: pgrag._may_run_declared)
+    -- (in a superuser's session, only the types a superuser declared: pgrag._may_run_declared;
+    -- asked once, not for every entry)
+    superuser := pgrag._superuser_session();
     select array_agg(c.id) into ids
       from (select r.id from pgrag.render_queue r
-             where pgrag._may_run_declared((select d.owner from pgrag.doc_types d
+             where not superuser
+                or pgrag._may_run_declared((select d.owner from pgrag.doc_types d
                                              where d.name = r.doc_type))
              order by r.id limit max_entries
                for update skip locked) c;
     if ids is null then
-        if exists (select from pgrag.render_queue r
-                    where not pgrag._may_run_declared((select d.owner from pgrag.doc_types d
-                                                        where d.name = r.doc_type))) then
+        if superuser
+           and exists (select from pgrag.render_queue r
+                        where not pgrag._may_run_declared((select d.owner from pgrag.doc_types d
+                                                            where d.name = r.doc_type))) then
             raise warning using
                 message = 'pgrag: the render queue holds documents of types other roles '
                           'declared, which a superuser''s session does not render',
@@ -980,23 +971,14 @@ begin
     perform pgrag._lock_documents(todo, true);
     -- What committed while the locks were awaited may have moved rows to other documents (a
     -- comment moved onto the task this entry moved, committed by a writer whose render held
-    -- a lock this call waited for): the key queries again, as pgrag.sync_now does, until they
-    -- find nothing new. Documents another session holds go back to the queue. (Without this,
+    -- a lock this call waited for), as at a writer's commit (pgrag.sync_now). (Without this,
     -- the writer's render and this one each missed the other's change: stale until a rebuild.)
-    after_locks := pg_current_snapshot();
-    while has_rows and pgrag._committed_between(before_keys, after_locks) loop
-        open rows_cur for select s.doc_type, s.source_table, s.rows
-                            from pgrag.render_queue s
-                           where s.id = any(ids) and s.rows is not null
-                           order by s.doc_type, s.source_table, s.id;
-        found_keys := pgrag._todo_minus(pgrag._keys_of_rows(rows_cur, todo), todo);
-        exit when found_keys = '{}';
-        missed := pgrag._lock_documents(found_keys, false);
-        perform pgrag._defer(missed);
-        todo := pgrag._todo_merge(todo, pgrag._todo_minus(found_keys, missed));
-        before_keys := after_locks;
-        after_locks := pg_current_snapshot();
-    end loop;
+    if has_rows then
+        todo := pgrag._moved_meanwhile(todo, before_keys, format(
+            'select s.doc_type, s.source_table, s.rows from pgrag.render_queue s '
+            'where s.id = any(%L::bigint[]) and s.rows is not null '
+            'order by s.doc_type, s.source_table, s.id', ids));
+    end if;
     n := pgrag._render_todo(todo);
     insert into pgrag.render_lag (doc_type, documents, lags_ms)
     select s.doc_type,

@@ -97,6 +97,7 @@ begin
               where (stats_detail.doc_types is null and pgrag._may_run_declared(s.owner))
                  or s.doc_type = any(stats_detail.doc_types)
               order by s.doc_type loop
+        checked := null;  -- (not an earlier type's, if the check below fails)
         fn := pgrag._generated('stats', t.doc_type);
         checked := pgrag._check_generated(fn, t.owner);
         begin
