@@ -1,12 +1,16 @@
-"""Searches from Python: the one search statement, run by the SQL API in one round trip.
+"""Searches from Python: the one search statement, planned by the server, run in one round trip.
 
 The statement lives in SQL, once (``pgrag._search_statement`` in sql/idempotent/30_search_int.sql,
 docs/search.md): filters (the filter language, compiled by ``pgrag._filter_sql``), HNSW or an
-exact scan, full text, reciprocal rank fusion, parents. This module calls it through the SQL
-API with bound parameters, as a SQL user would: ``pgrag.search(...)``, joined with
-``pgrag.stats_detail(...)`` when exact statistics are asked for, in one statement (one
-snapshot, one round trip). Arguments left None take pgrag's defaults, which live in SQL
-(``pgrag._search_default``) as do the limits (``pgrag._limit``).
+exact scan, full text, reciprocal rank fusion, parents. ``pgrag._search_plan`` decides it for a
+search's arguments (checked against pgrag's limits, defaults filled in: ``pgrag._search_default``,
+``pgrag._limit``), with the settings it runs under. This module keeps that plan per connection
+and shape for a minute and runs it itself for each new question: the settings and the statement
+in one round trip, the statement prepared by psycopg like any query it runs often (``_Plans``,
+docs/search.md "The client's plans"). Where it cannot (a connection inside a transaction, exact
+statistics asked for) it calls the SQL API with bound parameters, as a SQL user would:
+``pgrag.search(...)``, joined with ``pgrag.stats_detail(...)`` for statistics, in one statement
+(one snapshot, one round trip).
 
 A search's arguments are one value, ``SearchOptions``. ``search`` (sync) and ``asearch``
 (async) drive the same plan (``_plan``: a generator that does no I/O and asks its driver to
@@ -18,15 +22,18 @@ from __future__ import annotations
 import struct
 import threading
 import time
+import weakref
+from collections import OrderedDict
 from collections.abc import Generator, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, Literal, LiteralString, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, Literal, LiteralString, NamedTuple, TypedDict, Unpack
 
 import numpy as np
 import psycopg
+from psycopg import sql
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
-from psycopg.rows import class_row, tuple_row
+from psycopg.rows import args_row, class_row, tuple_row
 
 from pgrag.errors import ConfigError, NotMigrated, from_database
 from pgrag.filters import filter_param
@@ -117,8 +124,10 @@ class SearchResult:
     stats_cached: dict[str, bool] | None = None
 
 
-@dataclass(frozen=True)
-class _Row:
+class _Row(NamedTuple):
+    """A row of the search statement (pgrag.search_hit's columns, in order), made by
+    ``args_row``: a frozen dataclass per row cost 65 µs of a search of 10 rows."""
+
     id: int | None
     doc_type: str | None
     source_key: str | None
@@ -133,8 +142,8 @@ class _Row:
     parent_source_key: str | None
     parent_text: str | None
     scan: str | None
-    stats: dict[str, Any] | None
-    stats_cached: dict[str, bool] | None
+    stats: dict[str, Any] | None = None  # (not in the statement pgrag._search_plan makes)
+    stats_cached: dict[str, bool] | None = None
 
 
 # ---------------------------------------------------------------- the statement (no I/O)
@@ -237,6 +246,46 @@ class SearchOptions:
                 f"unknown search argument(s) {', '.join(unknown)}: use {', '.join(sorted(known))}"
             )
         return replace(options or cls(), **args)
+
+
+# pgrag._search_plan's arguments, in its order, and what of its plan the client runs.
+_PLAN: LiteralString = (
+    "select statement, settings, prepare, keep_s from pgrag._search_plan("
+    "%(mode)s::text, %(text)s::text, %(qvec)s::vector, %(model)s::text, %(k)s::integer, "
+    "%(filter)s::jsonb, %(doc_types)s::text[], %(match)s::text, %(candidates)s::integer, "
+    "%(ef_search)s::integer, %(exact_threshold)s::integer, %(rrf_k)s::integer, "
+    "%(fts_limit)s::integer)"
+)
+# The plan's settings, local to the statement's transaction: the implicit one that a pipeline
+# in autocommit runs up to its sync, which holds them and the statement (one round trip, no
+# BEGIN or COMMIT to send; psycopg's transaction() inside a pipeline waited for the server
+# three more times: 0.45 against 0.14 ms for a trivial statement). Written as literals, one
+# statement per plan (set_config over jsonb_each_text of a parameter cost 35 µs more).
+_SET_LOCAL = sql.SQL("set_config({}, {}, true)")
+
+
+def _settings_statement(settings: Mapping[str, str]) -> sql.Composed:
+    return sql.SQL("select {}").format(
+        sql.SQL(", ").join(
+            _SET_LOCAL.format(sql.Literal(name), sql.Literal(value))
+            for name, value in sorted(settings.items())
+        )
+    )
+
+
+# What the plan depends on besides the store's state: every argument but the question and the
+# vector, and the vector's dimension (the plan checked it against the store's).
+_SHAPE: tuple[str, ...] = (
+    "mode",
+    "k",
+    "match",
+    "candidates",
+    "ef_search",
+    "exact_threshold",
+    "rrf_k",
+    "fts_limit",
+    "model",
+)
 
 
 def _statement(o: SearchOptions, text: str | None) -> tuple[LiteralString, dict[str, Any]]:
@@ -367,10 +416,114 @@ class _Execute:  # the driver runs the statement, never prepared (docs/search.md
     rows: bool = True
 
     def row_factory(self) -> Any:
-        return class_row(_Row) if self.rows else tuple_row
+        return args_row(_Row) if self.rows else tuple_row
 
 
-_Step = _Embed | _Execute
+@dataclass(frozen=True)
+class _Search:  # the driver runs the search by the connection's kept plan for its shape
+    # (``_Plans``), or ``fallback`` where it cannot; sends back its rows as _Row
+    shape: tuple[Any, ...]
+    params: dict[str, Any]
+    fallback: _Execute
+
+
+@dataclass(frozen=True)
+class _KeptPlan:
+    statement: str  # $1 the question, $2 the vector
+    settings: bytes  # the statement that sets its settings (_settings_statement)
+    prepare: bool  # (False: too long to be held prepared, pgrag._search_plan)
+    until: float  # time.monotonic()
+
+
+class _Plans:
+    """The plans of ``pgrag._search_plan`` each connection keeps, per shape, for the time the
+    plan says (``keep_s``: a minute; 0 on a partitioned store, whose plan names the session's
+    tenants): a search of a kept shape sends its settings and statement in one round trip,
+    and skips the planning (0.1-0.2 ms in the server, docs/benchmarks.md). Nothing in a plan
+    is the role's to guard: it is the filter compiled, the tuned settings and the estimate's
+    choice, and the statement runs under the role and row-level security of its session
+    whenever it runs. A connection keeps the last ``keep`` shapes."""
+
+    keep = 20
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_conn: weakref.WeakKeyDictionary[Any, OrderedDict[tuple[Any, ...], _KeptPlan]]
+        self._by_conn = weakref.WeakKeyDictionary()
+
+    def get(self, conn: Any, shape: tuple[Any, ...]) -> _KeptPlan | None:
+        with self._lock:
+            plans = self._by_conn.get(conn)
+            plan = None if plans is None else plans.get(shape)
+            if plan is None or plan.until <= time.monotonic():
+                return None
+            plans.move_to_end(shape)  # type: ignore[union-attr]
+            return plan
+
+    def put(self, conn: Any, shape: tuple[Any, ...], row: tuple[Any, ...]) -> _KeptPlan:
+        """The plan of a ``_PLAN`` row, kept unless it says not to."""
+        statement, settings, prepare, keep_s = row
+        plan = _KeptPlan(
+            statement,
+            _settings_statement(settings).as_bytes(None),
+            bool(prepare),
+            time.monotonic() + keep_s,
+        )
+        if keep_s <= 0:
+            return plan
+        with self._lock:
+            plans = self._by_conn.setdefault(conn, OrderedDict())
+            plans[shape] = plan
+            plans.move_to_end(shape)
+            while len(plans) > self.keep:
+                plans.popitem(last=False)
+        return plan
+
+    def forget(self, conn: Any, shape: tuple[Any, ...]) -> None:
+        with self._lock:
+            plans = self._by_conn.get(conn)
+            if plans is not None:
+                plans.pop(shape, None)
+
+
+_PLANS = _Plans()
+
+
+def _shape(params: Mapping[str, Any]) -> tuple[Any, ...]:
+    flt, qvec, doc_types = params["filter"], params["qvec"], params["doc_types"]
+    return (
+        *(params[name] for name in _SHAPE),
+        None if doc_types is None else tuple(doc_types),
+        None if flt is None else flt.dumps(flt.obj),
+        None if qvec is None else qvec.array.size,
+    )
+
+
+def _bound(step: _Search) -> tuple[Any, Any]:
+    """The plan's statement's parameters: $1 the question, $2 the vector."""
+    return step.params["text"], step.params["qvec"]
+
+
+def _may_plan_here(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    """The client runs a kept plan only on a connection outside any transaction: the plan's
+    settings are local to the transaction the search runs in, its own (one inside the
+    caller's would outlast the search)."""
+    return (
+        conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        and conn.pgconn.pipeline_status == psycopg.pq.PipelineStatus.OFF
+    )
+
+
+# A kept plan that fails may be stale (a declaration or a migration since): planned again and
+# run once more, for these classes of error only (not a cancel or a lost connection).
+_STALE_PLAN_CLASSES = ("0A", "22", "42")
+
+
+def _stale(exc: psycopg.Error) -> bool:
+    return (exc.sqlstate or "")[:2] in _STALE_PLAN_CLASSES
+
+
+_Step = _Embed | _Execute | _Search
 
 
 def _plan(query: str | None, o: SearchOptions) -> Generator[_Step, Any, SearchResult]:
@@ -390,7 +543,8 @@ def _plan(query: str | None, o: SearchOptions) -> Generator[_Step, Any, SearchRe
         timings["embed_ms"] = _ms(qv.seconds)
     statement, params = _statement(o, query)
     t0 = time.perf_counter()
-    rows = yield _Execute(statement, params)
+    fallback = _Execute(statement, params)
+    rows = yield fallback if o.stats else _Search(_shape(params), params, fallback)
     timings["search_ms"] = _ms(time.perf_counter() - t0)
     timings["total_ms"] = _ms(time.perf_counter() - started)
     return _result(rows, timings, qv, o.mode)
@@ -463,15 +617,65 @@ def _drive(
         while True:
             if isinstance(step, _Embed):
                 step = plan.send(step.cache.embed(conn, step.question))
-                continue
-            with conn.cursor(row_factory=step.row_factory()) as cur:
-                _adapt_vector_param(cur.adapters)
-                cur.execute(step.statement, step.params, prepare=False)
-                step = plan.send(cur.fetchall())
+            elif isinstance(step, _Search) and _may_plan_here(conn):
+                step = plan.send(_search_by_plan(conn, step))
+            else:
+                step = plan.send(
+                    _execute(conn, step.fallback if isinstance(step, _Search) else step)
+                )
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
     except psycopg.Error as exc:
         raise _database_error(exc) from exc
+
+
+def _execute(conn: psycopg.Connection[Any], step: _Execute) -> list[Any]:
+    with conn.cursor(row_factory=step.row_factory()) as cur:
+        _adapt_vector_param(cur.adapters)
+        cur.execute(step.statement, step.params, prepare=False)
+        return cur.fetchall()
+
+
+def _search_by_plan(conn: psycopg.Connection[Any], step: _Search) -> list[_Row]:
+    """The search by the connection's kept plan for its shape (planned first when there is
+    none), in a transaction of its own: one round trip with a kept plan. A kept plan that
+    fails as a stale one would is planned again and run once more."""
+    kept = _PLANS.get(conn, step.shape)
+    try:
+        return _run_plan(conn, step, kept)
+    except psycopg.Error as exc:
+        if kept is None or not _stale(exc) or not _may_plan_here(conn):
+            raise
+    _PLANS.forget(conn, step.shape)
+    return _run_plan(conn, step, None)
+
+
+def _run_plan(conn: psycopg.Connection[Any], step: _Search, kept: _KeptPlan | None) -> list[_Row]:
+    # (a connection not in autocommit is put in it for the search: psycopg's BEGIN there waited
+    # for the server before the pipeline went on, one more round trip)
+    manual = not conn.autocommit
+    if manual:
+        conn.autocommit = True
+    try:
+        with conn.pipeline():
+            if kept is None:
+                with conn.cursor() as plan_cur:
+                    _adapt_vector_param(plan_cur.adapters)
+                    row = plan_cur.execute(_PLAN, step.params, prepare=False).fetchone()
+                assert row is not None
+                kept = _PLANS.put(conn, step.shape, row)
+            conn.execute(kept.settings)
+            cur = psycopg.RawCursor(conn, row_factory=args_row(_Row))
+            _adapt_vector_param(cur.adapters)
+            cur.execute(kept.statement, _bound(step), prepare=None if kept.prepare else False)
+    except BaseException:
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            conn.rollback()
+        raise
+    finally:
+        if manual:
+            conn.autocommit = False
+    return cur.fetchall()
 
 
 async def asearch(
@@ -493,15 +697,64 @@ async def _adrive(
         while True:
             if isinstance(step, _Embed):
                 step = plan.send(await step.cache.aembed(conn, step.question))
-                continue
-            async with conn.cursor(row_factory=step.row_factory()) as cur:
-                _adapt_vector_param(cur.adapters)
-                await cur.execute(step.statement, step.params, prepare=False)
-                step = plan.send(await cur.fetchall())
+            elif isinstance(step, _Search) and _may_plan_here(conn):
+                step = plan.send(await _asearch_by_plan(conn, step))
+            else:
+                step = plan.send(
+                    await _aexecute(conn, step.fallback if isinstance(step, _Search) else step)
+                )
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
     except psycopg.Error as exc:
         raise _database_error(exc) from exc
+
+
+async def _aexecute(conn: psycopg.AsyncConnection[Any], step: _Execute) -> list[Any]:
+    async with conn.cursor(row_factory=step.row_factory()) as cur:
+        _adapt_vector_param(cur.adapters)
+        await cur.execute(step.statement, step.params, prepare=False)
+        return await cur.fetchall()
+
+
+async def _asearch_by_plan(conn: psycopg.AsyncConnection[Any], step: _Search) -> list[_Row]:
+    """``_search_by_plan`` on an async connection."""
+    kept = _PLANS.get(conn, step.shape)
+    try:
+        return await _arun_plan(conn, step, kept)
+    except psycopg.Error as exc:
+        if kept is None or not _stale(exc) or not _may_plan_here(conn):
+            raise
+    _PLANS.forget(conn, step.shape)
+    return await _arun_plan(conn, step, None)
+
+
+async def _arun_plan(
+    conn: psycopg.AsyncConnection[Any], step: _Search, kept: _KeptPlan | None
+) -> list[_Row]:
+    manual = not conn.autocommit
+    if manual:
+        await conn.set_autocommit(True)
+    try:
+        async with conn.pipeline():
+            if kept is None:
+                async with conn.cursor() as plan_cur:
+                    _adapt_vector_param(plan_cur.adapters)
+                    await plan_cur.execute(_PLAN, step.params, prepare=False)
+                    row = await plan_cur.fetchone()
+                assert row is not None
+                kept = _PLANS.put(conn, step.shape, row)
+            await conn.execute(kept.settings)
+            cur = psycopg.AsyncRawCursor(conn, row_factory=args_row(_Row))
+            _adapt_vector_param(cur.adapters)
+            await cur.execute(kept.statement, _bound(step), prepare=None if kept.prepare else False)
+    except BaseException:
+        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            await conn.rollback()
+        raise
+    finally:
+        if manual:
+            await conn.set_autocommit(False)
+    return await cur.fetchall()
 
 
 def _check_filter_params(

@@ -1,5 +1,5 @@
 """What pgrag._search decides and runs, taken apart for tests: its plan (pgrag._search_plan),
-its statement run or explained with the plan's values, and its HNSW settings."""
+its statement run or explained with the plan's values, and its settings."""
 
 from __future__ import annotations
 
@@ -79,8 +79,6 @@ def run_plan(
 
 
 def settings(conn: psycopg.Connection[Any], plan: dict[str, Any], **kw: Any) -> None:
-    """The HNSW settings pgrag._search makes for the plan (kw: overrides), transaction-local."""
-    values = {"hnsw.iterative_scan": "relaxed_order", "hnsw.ef_search": plan["ef"]}
-    values |= {"hnsw.max_scan_tuples": plan["max_scan_tuples"]} | kw
-    for name, value in values.items():
+    """The settings the plan runs under (kw: overrides), transaction-local."""
+    for name, value in (plan["settings"] | kw).items():
         conn.execute("select set_config(%s, %s, true)", (name, str(value)))

@@ -6,6 +6,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -128,6 +129,13 @@ def test_a_filter_the_planner_expects_to_be_large_is_not_counted(synthetic_url: 
         conn.rollback()
 
 
+def _via_sql(conn: psycopg.Connection[Any], **kw: Any) -> s.SearchResult:
+    """A search by the SQL API's path (pgrag._search, planned and prepared in the server),
+    which the client takes on a connection inside a transaction."""
+    with conn.transaction():
+        return s.search(conn, **kw)
+
+
 def test_a_session_keeps_a_filters_estimate_a_minute_and_ignores_a_bad_one(
     synthetic_url: str,
 ) -> None:
@@ -139,12 +147,12 @@ def test_a_session_keeps_a_filters_estimate_a_minute_and_ignores_a_bad_one(
     flt = FILTERS["1%"]
     q = _queries(2)
     with psycopg.connect(synthetic_url, autocommit=True) as conn:
-        first = s.search(conn, vector=q[0], model="synthetic", k=5, mode="vector", filter=flt)
+        first = _via_sql(conn, vector=q[0], model="synthetic", k=5, mode="vector", filter=flt)
         held = json.loads(conn.execute(memo).fetchone()[0])  # type: ignore[index]
         assert len(held) == 1
         [(key, (rows, at))] = held.items()
         assert 100 <= rows <= 400  # 200 rows match
-        again = s.search(conn, vector=q[0], model="synthetic", k=5, mode="vector", filter=flt)
+        again = _via_sql(conn, vector=q[0], model="synthetic", k=5, mode="vector", filter=flt)
         assert json.loads(conn.execute(memo).fetchone()[0]) == held  # type: ignore[index]
         assert [h.id for h in again.hits] == [h.id for h in first.hits]
         # a planted estimate of its shape: 10 million rows, so nothing is counted and the
@@ -153,7 +161,7 @@ def test_a_session_keeps_a_filters_estimate_a_minute_and_ignores_a_bad_one(
             "select set_config('pgrag.filter_estimates', %s, false)",
             (json.dumps({key: [1e7, at]}),),
         )
-        planted = s.search(conn, vector=q[0], model="synthetic", k=5, mode="vector", filter=flt)
+        planted = _via_sql(conn, vector=q[0], model="synthetic", k=5, mode="vector", filter=flt)
         assert planted.scan == "index" and first.scan == "exact"
         assert len(planted.hits) == 5 and all(h.metadata["p1"] for h in planted.hits)
         # values not of its shape, too large, too deep or out of float range (a review found
@@ -171,7 +179,7 @@ def test_a_session_keeps_a_filters_estimate_a_minute_and_ignores_a_bad_one(
         ]
         for bad in bad_values:
             conn.execute("select set_config('pgrag.filter_estimates', %s, false)", (bad,))
-            res = s.search(conn, vector=q[1], model="synthetic", k=5, mode="vector", filter=flt)
+            res = _via_sql(conn, vector=q[1], model="synthetic", k=5, mode="vector", filter=flt)
             assert len(res.hits) == 5, bad[:40]
             kept = json.loads(conn.execute(memo).fetchone()[0])  # type: ignore[index]
             assert list(kept) == [key] and 100 <= kept[key][0] <= 400, bad[:40]
@@ -179,7 +187,7 @@ def test_a_session_keeps_a_filters_estimate_a_minute_and_ignores_a_bad_one(
         for shaped in ('{"zz": [1, 1e400]}', f'{{"{key}": [1e400, {now}]}}',
                        f'{{"{key}": [1e-400, {now}]}}'):  # fmt: skip
             conn.execute("select set_config('pgrag.filter_estimates', %s, false)", (shaped,))
-            res = s.search(conn, vector=q[1], model="synthetic", k=5, mode="vector", filter=flt)
+            res = _via_sql(conn, vector=q[1], model="synthetic", k=5, mode="vector", filter=flt)
             assert len(res.hits) == 5 and all(h.metadata["p1"] for h in res.hits), shaped
         # an estimate of another role's view of the table is not kept where this session's
         # role could read it
@@ -188,11 +196,11 @@ def test_a_session_keeps_a_filters_estimate_a_minute_and_ignores_a_bad_one(
         assert row is not None
         with conn.transaction():
             conn.execute(sql.SQL("set local role {}").format(sql.Identifier(row[0])))
-            s.search(conn, vector=q[1], model="synthetic", k=5, mode="vector", filter=flt)
+            _via_sql(conn, vector=q[1], model="synthetic", k=5, mode="vector", filter=flt)
         assert conn.execute(memo).fetchone() == ("",)
         # the 20 newest filters are kept
         for topic in range(25):
-            s.search(
+            _via_sql(
                 conn, vector=q[1], model="synthetic", k=5, mode="vector", filter={"topic": topic}
             )
         assert len(json.loads(conn.execute(memo).fetchone()[0])) == 20  # type: ignore[index]
@@ -201,12 +209,22 @@ def test_a_session_keeps_a_filters_estimate_a_minute_and_ignores_a_bad_one(
 def test_every_vector_search_walks_the_graph_iteratively(synthetic_url: str) -> None:
     """Even without a filter: under row-level security a reader's search still filters, and a
     plain scan stops at ef_search rows (a tenant with 10% of the chunks got 4 of 10). Every
-    search function runs pgrag._search, whose SET clause turns the iterative scan on."""
+    search runs under its plan's settings (pgrag._search_plan), which turn the iterative scan
+    on: the SQL functions through pgrag._search, the client by its kept plan."""
+    q = _queries(1)[0]
     with psycopg.connect(synthetic_url) as conn:
+        for mode in ("vector", "hybrid"):
+            got = conn.execute(
+                "select settings from pgrag._search_plan(%s, 'x', %s::real[]::vector, null, "
+                "10, null, null, null, null, null, null, null, null)",
+                (mode, q.tolist()),
+            ).fetchone()
+            assert got is not None and got[0]["hnsw.iterative_scan"] == "relaxed_order"
+            assert got[0]["max_parallel_workers_per_gather"] == "0"
         row = conn.execute(
-            "select proconfig from pg_proc where oid = 'pgrag._search'::regproc"
+            "select prosrc from pg_proc where oid = 'pgrag._search'::regproc"
         ).fetchone()
-        assert row is not None and "hnsw.iterative_scan=relaxed_order" in row[0]
+        assert row is not None and "jsonb_each_text(p.settings)" in row[0]
         bodies = conn.execute(
             "select p.proname, p.prosrc from pg_proc p "
             "where p.pronamespace = 'pgrag'::regnamespace and p.prorettype = "
@@ -215,6 +233,100 @@ def test_every_vector_search_walks_the_graph_iteratively(synthetic_url: str) -> 
         assert {r[0] for r in bodies} == {"vector_search", "hybrid_search", "text_search", "ranked"}
         # every similarity search runs pgrag._search; ranked orders by a key (no vector)
         assert all("pgrag._search(" in r[1] for r in bodies if r[0] != "ranked")
+        conn.rollback()
+        s.search(conn, vector=q, model="synthetic", k=5, mode="vector")
+        [(shape, kept)] = s._PLANS._by_conn[conn].items()
+        assert b"'hnsw.iterative_scan', 'relaxed_order', true" in kept.settings
+
+
+def test_the_client_keeps_a_plan_per_shape_and_runs_it_in_one_round_trip(
+    synthetic_url: str,
+) -> None:
+    """On a connection outside any transaction the client plans a search's shape once
+    (pgrag._search_plan), keeps it per connection, and runs its settings and statement in a
+    transaction of its own, in one round trip: the same hits as the SQL API, the settings
+    gone afterwards, the connection as it was (not in a transaction, autocommit unchanged).
+    Inside a transaction it searches through pgrag.search, whose settings end with the call."""
+    qs = _queries(6)
+    ef = "select current_setting('hnsw.ef_search'), current_setting('hnsw.iterative_scan')"
+    for autocommit in (True, False):
+        with psycopg.connect(synthetic_url, autocommit=autocommit) as conn:
+            conn.execute("select pgrag.vector_search(%s::real[]::vector)", (qs[0].tolist(),))
+            conn.execute("set hnsw.ef_search = 77")  # (pgvector loaded: its settings exist)
+            before = conn.execute(ef).fetchone()
+            assert before == ("77", "off")
+            if not autocommit:
+                conn.commit()
+            for q in qs:
+                kept = s.search(conn, vector=q, model="synthetic", k=5, mode="vector",
+                                filter=FILTERS["1%"])  # fmt: skip
+                assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+                assert conn.autocommit is autocommit
+                via_sql = _via_sql(conn, vector=q, model="synthetic", k=5, mode="vector",
+                                   filter=FILTERS["1%"])  # fmt: skip
+                if not autocommit:
+                    conn.commit()
+                assert [h.id for h in kept.hits] == [h.id for h in via_sql.hits]
+                assert all(h.metadata["p1"] for h in kept.hits) and len(kept.hits) == 5
+            assert list(s._PLANS._by_conn[conn]) == [s._shape(_params(q, FILTERS["1%"]))]
+            assert conn.execute(ef).fetchone() == before  # nothing outlived the search
+            if not autocommit:
+                conn.rollback()
+            # one round trip with a kept plan: one Sync in the protocol trace
+            trace = conn.pgconn
+            with tempfile.TemporaryFile("w+") as f:
+                trace.trace(f.fileno())
+                s.search(conn, vector=qs[0], model="synthetic", k=5, mode="vector",
+                         filter=FILTERS["1%"])  # fmt: skip
+                trace.untrace()
+                f.seek(0)
+                sent = [line.split("\t")[3].strip() for line in f if "\tF\t" in line]
+            assert sent.count("Sync") == 1, sent
+            # psycopg prepares the statement once it ran five times (prepare_threshold; a
+            # rollback, as above, deallocates them all)
+            names = conn.execute(
+                "select statement from pg_prepared_statements where name like '\\_pg3\\_%'"
+            ).fetchall()
+            assert any("matched as materialized" in r[0] for r in names) is autocommit
+            if not autocommit:
+                conn.rollback()
+
+
+def _params(q: Any, flt: dict[str, Any] | None, **kw: Any) -> dict[str, Any]:
+    o = s.SearchOptions(vector=q, model="synthetic", k=5, mode="vector", filter=flt, **kw)
+    return s._statement(o, None)[1]
+
+
+def test_a_kept_plan_that_fails_is_planned_again_and_an_error_leaves_the_connection_idle(
+    synthetic_url: str,
+) -> None:
+    """A kept plan is the store's state of up to a minute ago: one whose statement now fails
+    as a stale one would (a migration changed what it reads) is planned again and run once
+    more. A search that fails leaves the connection out of any transaction."""
+    q = _queries(1)[0]
+    with psycopg.connect(synthetic_url, autocommit=True) as conn:
+        first = s.search(conn, vector=q, model="synthetic", k=5, mode="vector")
+        shape = s._shape(_params(q, None))
+        kept = s._PLANS._by_conn[conn][shape]
+        # a stale plan: its statement names a function that no longer exists
+        s._PLANS._by_conn[conn][shape] = s._KeptPlan(
+            kept.statement.replace("pgrag.chunks c", "pgrag.no_such_chunks c", 1),
+            kept.settings,
+            kept.prepare,
+            kept.until,
+        )
+        again = s.search(conn, vector=q, model="synthetic", k=5, mode="vector")
+        assert [h.id for h in again.hits] == [h.id for h in first.hits]
+        assert s._PLANS._by_conn[conn][shape].statement == kept.statement
+        with pytest.raises(DimensionMismatch):
+            s.search(conn, vector=q[:10], model="synthetic", k=5, mode="vector")
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    with psycopg.connect(synthetic_url) as conn:
+        with pytest.raises(ModelMismatch):
+            s.search(conn, vector=q, model="another-model", k=5, mode="vector")
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        assert conn.autocommit is False
+        assert len(s.search(conn, vector=q, model="synthetic", k=5, mode="vector").hits) == 5
 
 
 def test_the_query_vector_reaches_any_cursor_and_connection(synthetic_url: str) -> None:
@@ -422,18 +534,33 @@ def test_model_and_dimension_are_checked_in_the_statement(synthetic_url: str) ->
 
 
 def test_async_search_runs_the_same_statement(synthetic_url: str) -> None:
+    """By its kept plan (planned, then kept) and, inside a transaction, through pgrag.search."""
     q = _queries(1)[0]
 
-    async def run() -> s.SearchResult:
+    async def run() -> list[s.SearchResult]:
         async with await psycopg.AsyncConnection.connect(synthetic_url) as aconn:
-            return await s.asearch(
-                aconn, "item3", vector=q, model="synthetic", filter={"p10": True}
-            )
+            got = [
+                await s.asearch(aconn, "item3", vector=q, model="synthetic", filter={"p10": True})
+                for _ in range(2)
+            ]
+            assert aconn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            assert aconn.autocommit is False and len(s._PLANS._by_conn[aconn]) == 1
+            async with aconn.transaction():
+                got.append(
+                    await s.asearch(
+                        aconn, "item3", vector=q, model="synthetic", filter={"p10": True}
+                    )  # fmt: skip
+                )
+            with pytest.raises(ModelMismatch):
+                await s.asearch(aconn, "item3", vector=q, model="other", filter={"p10": True})
+            assert aconn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            return got
 
     got = asyncio.run(run())
     with psycopg.connect(synthetic_url) as conn:
         want = s.search(conn, "item3", vector=q, model="synthetic", filter={"p10": True})
-    assert [h.id for h in got.hits] == [h.id for h in want.hits]
+    for res in got:
+        assert [h.id for h in res.hits] == [h.id for h in want.hits]
 
 
 def test_every_value_is_bound_or_quoted(synthetic_url: str) -> None:
@@ -466,18 +593,18 @@ def test_a_search_statement_is_prepared_once_per_shape_and_filter(synthetic_url:
     )
     with psycopg.connect(synthetic_url, autocommit=True) as conn:
         for q in qs[:5]:  # the same shape, other vectors: one statement, run five times
-            s.search(conn, vector=q, model="synthetic", k=10, mode="vector")
+            _via_sql(conn, vector=q, model="synthetic", k=10, mode="vector")
         assert conn.execute(prepared).fetchone() == (1, 5)
         # a filtered statement holds its values: one statement per filter, run as often
         for q in qs[:3]:
-            hits = s.search(
+            hits = _via_sql(
                 conn, vector=q, model="synthetic", k=5, mode="vector", filter={"topic": 3}
             ).hits
             assert hits and all(h.metadata["topic"] == 3 for h in hits)
         assert conn.execute(prepared).fetchone() == (2, 8)
         # a session keeps the 20 newest: the 21st statement replaces the oldest, the unfiltered
         for topic in range(20):
-            s.search(
+            _via_sql(
                 conn,
                 vector=qs[0],
                 model="synthetic",
@@ -486,11 +613,11 @@ def test_a_search_statement_is_prepared_once_per_shape_and_filter(synthetic_url:
                 filter={"topic": topic, "p10": True},
             )
         assert conn.execute(prepared).fetchone() == (20, 20)
-        s.search(conn, vector=qs[0], model="synthetic", k=10, mode="vector")
+        _via_sql(conn, vector=qs[0], model="synthetic", k=10, mode="vector")
         assert conn.execute(prepared).fetchone() == (20, 1 + 19)  # prepared again, run once
         # a statement past 16,000 characters (long $in lists) is planned, never held
         long_in = {"topic": {"$in": [3, *range(1000, 3000)]}}
-        found = s.search(conn, vector=qs[1], model="synthetic", k=5, mode="vector", filter=long_in)
+        found = _via_sql(conn, vector=qs[1], model="synthetic", k=5, mode="vector", filter=long_in)
         assert found.hits and all(h.metadata["topic"] == 3 for h in found.hits)
         assert conn.execute(prepared).fetchone() == (20, 1 + 19)
         # where PREPARE is not allowed (a security-restricted operation), it is planned instead

@@ -140,10 +140,17 @@ return case name
     when 'exact_threshold' then 2000   -- fewer matching rows: compare every vector (exact)
     when 'rrf_k' then 60               -- reciprocal rank fusion: 1 / (rrf_k + rank)
     when 'fts_limit' then 10000        -- full-text matches ranked at most
+    -- how long a session keeps what a search decided from the store's state rather than its
+    -- arguments (the filter's row estimate, pgrag._filter_estimate; a client's plan, pgrag/
+    -- search.py): it moves with the table's statistics, the tuned ef_search, the declarations
+    when 'plan_keep_s' then 60
+    -- a statement longer than this (a filter of long $in lists) is never prepared: 19
+    -- statements of 890 KB filters held 192 MB of a pooled backend (an unfiltered one: 2,200)
+    when 'prepare_chars' then 16000
     end;
 
 comment on function pgrag._search_default(text) is
-    'The search''s defaults: k, exact_threshold, rrf_k, fts_limit';
+    'The search''s defaults: k, exact_threshold, rrf_k, fts_limit, plan_keep_s, prepare_chars';
 
 
 create or replace function pgrag._search_statement(mode text, where_sql text, skip_count boolean,
@@ -181,7 +188,10 @@ as $$
 --   the final SELECT joins each hit to its chunk and its parent chunk.
 declare
     op text := case when mode <> 'text' then format('OPERATOR(%I.<=>)', vector_schema) end;
-    tpl text := 'with ';
+    -- args, never read: it gives $1 and $2 their types in every mode, so that a client may
+    -- bind both whichever one the mode reads (a parameter no statement types is an error)
+    tpl text := $f$with
+args as (select $1::text as query_text, $2::%12$s as query_embedding),$f$;
 begin
     if mode <> 'text' then
         tpl := tpl || $f$
@@ -280,7 +290,8 @@ $f$;
                   coalesce((bound ->> 'exact_threshold')::integer::text, '$5'),
                   coalesce((bound ->> 'rrf_k')::integer::text, '$6'),
                   coalesce((bound ->> 'fts_limit')::integer::text, '$7'),
-                  coalesce(quote_literal(bound ->> 'match') || '::text', '$8'));
+                  coalesce(quote_literal(bound ->> 'match') || '::text', '$8'),
+                  format('%I.vector', vector_schema));
 end
 $$;
 
@@ -336,7 +347,7 @@ as $$
 -- no other kind of function.)
 declare
     keep constant integer := 20;
-    fresh_s constant numeric := 60;
+    fresh_s constant numeric := pgrag._search_default('plan_keep_s');
     kept boolean := current_user = session_user;
     now_s numeric := extract(epoch from clock_timestamp());
     memo_key text := to_hex(hashtextextended(current_user || ' ' || where_sql, 0));
@@ -397,22 +408,44 @@ comment on function pgrag._search_statement_name(text) is
     'The name a search statement is prepared under (a hash of its text)';
 
 
+-- (its outputs before 0010's last: without settings, prepare and keep_s. Dropped only then:
+-- pgrag._drop_if_changed compares printed arguments, whose vector type prints qualified
+-- under its search_path, so it would drop the function at every upgrade, under searches.)
+do $$
+declare
+    fn regprocedure := to_regprocedure(
+        'pgrag._search_plan(text, text, vector, text, integer, jsonb, text[], text, integer, '
+        'integer, integer, integer, integer)');
+begin
+    if fn is not null
+       and not (select 'keep_s' = any(p.proargnames) from pg_proc p where p.oid = fn) then
+        execute format('drop function %s', fn);
+    end if;
+end
+$$;
+
 create or replace function pgrag._search_plan(
     mode text, query_text text, query_embedding vector, model text, inout k integer,
     filter jsonb, doc_types text[], inout match text, candidates integer, ef_search integer,
     inout exact_threshold integer, inout rrf_k integer, inout fts_limit integer,
     out statement text, out kc integer, out ef integer, out max_scan_tuples integer,
-    out estimate double precision)
+    out estimate double precision, out settings jsonb, out prepare boolean, out keep_s integer)
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $$
--- Everything a search decides before it runs (pgrag._search runs it): its arguments checked
--- against pgrag's limits (pgrag._limit: the same for SQL callers as for the Python client) and
--- given pgrag's defaults (pgrag._search_default), its filter compiled, the planner's estimate
--- of the filter's rows, the HNSW settings, and the statement (pgrag._search_statement).
--- Volatile: EXPLAIN runs in no other kind of function. It takes the filter language, never SQL
--- text: a caller learns the planner's estimate of its own filter under its own row-level
--- security, as EXPLAIN tells any role that reads pgrag.chunks (docs/security.md).
+-- Everything a search decides before it runs (pgrag._search runs it; the Python client keeps
+-- it per connection and runs it itself, docs/search.md): its arguments checked against pgrag's
+-- limits (pgrag._limit: the same for SQL callers as for the Python client) and given pgrag's
+-- defaults (pgrag._search_default), its filter compiled, the planner's estimate of the
+-- filter's rows, the statement (pgrag._search_statement, $1 the query text, $2 the query
+-- vector) and what runs it: settings, the settings it runs under ({name: value}, set local
+-- to the statement's transaction or function); prepare, whether it is short enough to be
+-- prepared (prepare_chars); keep_s, how long a client may run it again for other questions
+-- and vectors of the same shape (0: never, on a partitioned store, where it names the
+-- session's tenants). Volatile: EXPLAIN runs in no other kind of function. It takes the filter
+-- language, never SQL text: a caller learns the planner's estimate of its own filter under
+-- its own row-level security, as EXPLAIN tells any role that reads pgrag.chunks
+-- (docs/security.md).
 declare
     where_sql text;
     tenant_sql text;
@@ -503,8 +536,22 @@ begin
                              case when ef_search is null then pgrag._tuned_ef_search() end),
                     pgrag._limit('ef_search'));
         max_scan_tuples := greatest(20000, 200 * kc);
-        vs := pgrag._vector_schema();
     end if;
+    vs := pgrag._vector_schema();
+    -- Every vector search walks the graph iteratively (relaxed order, re-sorted by the
+    -- statement): a plain scan stops at ef_search rows, and under row-level security even a
+    -- search without a filter filters. No parallel workers: the statement's exact branches are
+    -- guarded by one-time conditions that a Gather starts its workers before testing, so an
+    -- unfiltered search that never takes them paid 15-25 ms to launch workers for nothing
+    -- (EXPLAIN ANALYZE at 100,000 chunks); every branch reads at most exact_threshold rows or
+    -- walks the index, which one backend does best.
+    settings := jsonb_build_object('max_parallel_workers_per_gather', '0');
+    if mode <> 'text' then
+        settings := settings || jsonb_build_object('hnsw.iterative_scan', 'relaxed_order',
+                                                   'hnsw.ef_search', ef::text,
+                                                   'hnsw.max_scan_tuples', max_scan_tuples::text);
+    end if;
+    keep_s := case when tenant_sql is null then pgrag._search_default('plan_keep_s') else 0 end;
     statement := pgrag._search_statement(mode, where_sql,
                                          estimate is null or estimate >= exact_threshold,
                                          vs, jsonb_build_object('k', k, 'kc', kc,
@@ -513,13 +560,14 @@ begin
                                                                 'fts_limit', fts_limit,
                                                                 'match', match),
                                          tenant_sql);
+    prepare := length(statement) <= pgrag._search_default('prepare_chars');
 end
 $$;
 
 comment on function pgrag._search_plan(text, text, vector, text, integer, jsonb, text[], text,
                                        integer, integer, integer, integer, integer) is
-    'A search''s arguments checked and defaulted, its filter compiled, its estimate, HNSW '
-    'settings and statement';
+    'A search''s arguments checked and defaulted, its filter compiled, its estimate, its '
+    'statement and the settings it runs under';
 
 
 create or replace function pgrag._search(
@@ -539,26 +587,22 @@ create or replace function pgrag._search(
 returns setof pgrag.search_hit
 language plpgsql volatile security invoker
 -- Volatile: it prepares statements (a stable function may not).
--- The function's SET clauses make the set_config(..., true) calls below local to the call:
--- the caller's settings are restored when it returns. Every vector search walks the graph
--- iteratively (relaxed order, re-sorted by the statement): a plain scan stops at ef_search rows,
--- and under row-level security even a search without a filter filters.
+-- The function's SET clauses scope the plan's settings (pgrag._search_plan says why each) to
+-- the call: set_config(..., true) below lasts until it returns, then the caller's settings
+-- are restored. Their values here are pgvector's and PostgreSQL's defaults; the plan's
+-- replace them.
 set search_path = pg_catalog, pg_temp
-set hnsw.iterative_scan = 'relaxed_order'
+set hnsw.iterative_scan = 'off'
 set hnsw.ef_search = 40
 set hnsw.max_scan_tuples = 20000
--- No parallel workers: the statement's exact branches are guarded by one-time conditions that
--- a Gather starts its workers before testing, so an unfiltered search that never takes them
--- paid 15-25 ms to launch workers for nothing (EXPLAIN ANALYZE at 100,000 chunks); every
--- branch reads at most exact_threshold rows or walks the index, which one backend does best.
-set max_parallel_workers_per_gather = 0
+set max_parallel_workers_per_gather = 2
 as $$
 -- Every search of the SQL API and of the Python client runs here: pgrag._search_plan, then the
 -- statement, once, with the search's values bound.
 declare
     keep_statements constant integer := 20;
-    prepare_chars constant integer := 16000;  -- (an unfiltered statement: about 2,200)
     p record;
+    setting record;
     prepared text;
     wanted text;
     held text;
@@ -568,25 +612,25 @@ begin
     select * into strict p
       from pgrag._search_plan(mode, query_text, query_embedding, model, k, filter, doc_types,
                               match, candidates, ef_search, exact_threshold, rrf_k, fts_limit);
-    if mode <> 'text' then
-        perform set_config('hnsw.ef_search', p.ef::text, true);
-        perform set_config('hnsw.max_scan_tuples', p.max_scan_tuples::text, true);
-    end if;
+    for setting in select * from jsonb_each_text(p.settings) loop
+        perform set_config(setting.key, setting.value, true);
+    end loop;
     -- The statement, its limits and its filter's values written in, is prepared once per session
     -- and text: planning it cost 0.3-0.5 ms of every search (0.44 ms of a 2.8 ms unfiltered
     -- search at 100,000 chunks, 0.5 ms of a 0.8 ms search behind a 0.1% filter), and with its
     -- limits and values known PostgreSQL settles on one plan for it, which can use a filter
     -- index (the values are constants of the text, not parameters). Each is about 300 KB of the
     -- backend's memory: a session keeps at most keep_statements, and a new one replaces the
-    -- oldest. A statement longer than prepare_chars (a filter of long $in lists) is planned and
-    -- run unprepared: prepared, 19 statements of 890 KB filters held 192 MB of a pooled
-    -- backend, and every later search there copied them all out of pg_prepared_statements.
+    -- oldest. A statement the plan says not to prepare (longer than prepare_chars: a filter of
+    -- long $in lists) is planned and run unprepared: prepared, 19 statements of 890 KB filters
+    -- held 192 MB of a pooled backend, and every later search there copied them all out of
+    -- pg_prepared_statements.
     -- A prepared statement is run only if it is the very text pgrag prepares (pgrag._search may
     -- run for a more privileged caller than the session's role: a statement of the same name
     -- prepared by that role would otherwise run with the caller's rights); any other is
     -- replaced. Where PREPARE is not allowed (inside CREATE or REFRESH MATERIALIZED VIEW, or
     -- pg_prepared_statements is not readable) the statement is planned and run as it is.
-    if length(p.statement) <= prepare_chars then
+    if p.prepare then
         begin
             prepared := pgrag._search_statement_name(p.statement);
             -- (the vector parameter's type as this function's argument has it, qualified)
