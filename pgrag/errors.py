@@ -88,7 +88,7 @@ SQLSTATE_CLASSES: dict[str, type[PgragError]] = {
     "PR004": DocumentError,
     "PR005": InvalidFilter,
     "PR006": ConfigError,
-    # another role's declared SQL refused in a superuser's session (pgrag._refuse_declared)
+    # another role's declared SQL refused in a privileged session (pgrag._refuse_declared)
     "PR008": ConfigError,
 }
 

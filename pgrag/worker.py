@@ -336,7 +336,7 @@ class Worker:
 
     def _server_warning(self, diag: psycopg.errors.Diagnostic) -> None:
         """pgrag's own server warnings (``pgrag: ...``) to ``notice``, each text once per
-        worker: render_queued in a superuser's session leaves other roles' types in the
+        worker: render_queued in a privileged session leaves other roles' types in the
         queue and says so at every poll."""
         text = diag.message_primary or ""
         if diag.severity_nonlocalized != "WARNING" or not text.startswith("pgrag: "):

@@ -185,17 +185,58 @@ return case when kind in ('sync', 'keys')
             else format('%s_%s', kind, doc_type) end;
 
 
-create or replace function pgrag._superuser_session()
+create or replace function pgrag._session_roles()
+returns oid[]
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+-- The roles this session acts as or can return to: the role that logged in (SET SESSION
+-- AUTHORIZATION changes session_user, not it, and code run in the session can RESET back to
+-- it), session_user and current_user.
+return array_remove(array[(select a.usesysid from pg_stat_get_activity(pg_backend_pid()) a),
+                          to_regrole(quote_ident(session_user))::oid,
+                          to_regrole(quote_ident(current_user))::oid], null);
+
+comment on function pgrag._session_roles() is
+    'The roles a session acts as or can return to: its login, session_user, current_user';
+
+
+create or replace function pgrag._privileged_roles(only_beyond regrole default null)
+returns setof regrole
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+-- The privileged roles this session can act with (through a role of pgrag._session_roles): a
+-- superuser, pg_read_server_files, pg_write_server_files, pg_execute_server_program (the
+-- server's files and programs, as its OS account), the owner of schema pgrag (whose functions
+-- every session runs: code acting as it could replace them). only_beyond: leave out those that
+-- role may act as itself (it gains nothing from them).
+select distinct r.oid::regrole
+  from pg_roles r, unnest(pgrag._session_roles()) u(oid)
+ where (r.rolsuper
+        or r.rolname in ('pg_read_server_files', 'pg_write_server_files',
+                         'pg_execute_server_program')
+        or r.oid = (select n.nspowner from pg_namespace n where n.nspname = 'pgrag'))
+   and pg_has_role(u.oid, r.oid, 'MEMBER')
+   and (only_beyond is null or not pg_has_role(only_beyond, r.oid, 'MEMBER'));
+$$;
+
+comment on function pgrag._privileged_roles(regrole) is
+    'The privileged roles (superuser, server files or programs, pgrag''s owner) the session can '
+    'act with, beyond those a given role may act as';
+
+
+create or replace function pgrag._privileged_session()
 returns boolean
 language sql stable security invoker
 set search_path = pg_catalog, pg_temp
--- Whether the session's login role or its current role is a superuser (SET ROLE away from a
--- superuser login does not count: code run in the session can reset the role).
-return (select coalesce(bool_or(r.rolsuper), false) from pg_roles r
-         where r.rolname in (session_user, current_user));
+-- Whether the session can act with a privileged role (pgrag._privileged_roles): then code a
+-- declarer left behind in it (a search_path set for the session, a deferred trigger, a role
+-- reset to the login) would act with that role's rights.
+return exists (select from pgrag._privileged_roles());
 
-comment on function pgrag._superuser_session() is
-    'Whether the session''s login or current role is a superuser';
+comment on function pgrag._privileged_session() is
+    'Whether the session can act as a superuser, with the server''s files or programs, or as '
+    'pgrag''s owner';
 
 
 create or replace function pgrag._may_run_declared(owner regrole)
@@ -203,15 +244,19 @@ returns boolean
 language sql stable security invoker
 set search_path = pg_catalog, pg_temp
 -- Whether this session may run SQL that role ``owner`` declared (its generated functions, its
--- statistics parsed): not in a superuser's session (session_user or current_user) unless the
--- owner is one too. The declarer's code runs as itself there, but in the superuser's session:
--- what it leaves behind (a search_path, a deferred trigger that fires at commit, a role reset
--- to the session's own) acts as the superuser, and no check after the call sees all of it.
-return not pgrag._superuser_session()
-    or coalesce((select r.rolsuper from pg_roles r where r.oid = owner), false);
+-- statistics parsed): not when the session can act with a privileged role (a superuser, the
+-- server's files or programs, pgrag's owner: pgrag._privileged_roles) that the owner may not
+-- act as itself. The declarer's code runs as itself there, but in that session: what it leaves
+-- behind (a search_path, a deferred trigger that fires at commit, a role reset to the
+-- session's own) acts with the session's rights, and no check after the call sees all of it.
+return not exists (select from pgrag._privileged_roles(owner));
 
 comment on function pgrag._may_run_declared(regrole) is
-    'Whether this session may run a role''s declared SQL (never a superuser''s, for another role)';
+    'Whether this session may run a role''s declared SQL (not where it could act with a '
+    'privileged role the declarer may not act as)';
+
+
+drop function if exists pgrag._superuser_session();  -- (now pgrag._privileged_session)
 
 
 create or replace function pgrag._refuse_declared(owner regrole, what text)
@@ -223,16 +268,19 @@ as $fn$
 begin
     if not pgrag._may_run_declared(owner) then
         raise exception using errcode = 'PR008',
-            message = format('pgrag does not run the SQL role %s declared (%s) in a superuser''s '
-                             'session: it could act as the superuser', owner, what),
-            hint = format('run this as %s, or as a login role that is not a superuser (the '
-                          'worker too: `pgrag worker` as a member of the writer role)', owner);
+            message = format('pgrag does not run the SQL role %s declared (%s) in a privileged '
+                             'session (one that can act as a superuser, with the server''s files '
+                             'or programs, or as pgrag''s owner): the code could act with its '
+                             'rights', owner, what),
+            hint = format('run this as %s, or as a login role that is not (and may not become) '
+                          'a superuser (the worker too: `pgrag worker` as a member of the '
+                          'writer role)', owner);
     end if;
 end
 $fn$;
 
 comment on function pgrag._refuse_declared(regrole, text) is
-    'PR008 in a superuser''s session for SQL another role declared';
+    'PR008 in a privileged session for SQL another role declared';
 
 
 create or replace function pgrag._session_state()

@@ -64,6 +64,17 @@ begin
             message = format('parent type %s of %s does not exist', parent_type, declare_document.name),
             hint = 'declare the parent type first (`pgrag documents list` shows the declared ones)';
     end if;
+    if parent_type is not null and not exists (
+        select from pgrag.doc_types d
+         where d.name = parent_type and pgrag._may_act_as(d.owner)) then
+        raise exception using errcode = 'PR003',
+            message = format('parent type %s of %s belongs to role %s, which %s may not act as',
+                             parent_type, declare_document.name,
+                             (select d.owner from pgrag.doc_types d where d.name = parent_type),
+                             current_user),
+            hint = 'declare both types as the same role (SET ROLE to the writer role: '
+                   'docs/security.md), or have the parent''s owner declare this one';
+    end if;
     if jsonb_typeof(watches) is distinct from 'object' then
         raise exception using errcode = 'PR003',
             message = format('watches of %s must be a JSON object {"schema.table": "key query"}', declare_document.name),
@@ -564,7 +575,7 @@ begin
         if not pgrag._may_run_declared(t.owner) then
             return query select t.name, null::text,
                 format('not checked: declared by %s, whose SQL pgrag does not run in a '
-                       'superuser''s session (verify as %s)', t.owner, t.owner);
+                       'privileged session (verify as %s)', t.owner, t.owner);
             continue;
         end if;
         return query select t.name, p ->> 0, p ->> 1
@@ -926,9 +937,9 @@ declare
     superuser boolean;
 begin
     perform pgrag._check_range('max_entries', max_entries, 1, 100000);
-    -- (in a superuser's session, only the types a superuser declared: pgrag._may_run_declared;
-    -- asked once, not for every entry)
-    superuser := pgrag._superuser_session();
+    -- (in a privileged session, only the types it may run: pgrag._may_run_declared; asked
+    -- once, not for every entry)
+    superuser := pgrag._privileged_session();
     select array_agg(c.id) into ids
       from (select r.id from pgrag.render_queue r
              where not superuser
@@ -943,7 +954,9 @@ begin
                                                             where d.name = r.doc_type))) then
             raise warning using
                 message = 'pgrag: the render queue holds documents of types other roles '
-                          'declared, which a superuser''s session does not render',
+                          'declared, which this session does not render (a privileged '
+                          'session: it can act as a superuser, with the server''s files or '
+                          'programs, or as pgrag''s owner)',
                 hint = 'run the worker (or pgrag.render_queued) as a login role that is not '
                        'a superuser, a member of the writer role';
         end if;

@@ -104,7 +104,7 @@ begin
             message = format('document type %s has no declared statistics', doc_type),
             hint = 'declare them first with pgrag.declare_stats, then cache them';
     end if;
-    -- (SET ROLE below does not protect a superuser's session: the declarer's code can reset
+    -- (SET ROLE below does not protect a privileged session: the declarer's code can reset
     -- the role to the session's own, and act outside the transaction before the rollback)
     perform pgrag._refuse_declared(declarer, format('the statistics of %s', doc_type));
     -- A temporary view records what the query depends on, in a subtransaction that is always

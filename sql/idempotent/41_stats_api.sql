@@ -91,8 +91,8 @@ begin
     end if;
     perform pgrag._filter_sql(filter, pgrag._filter_schema(doc_types));  -- PR005 before any type
     -- each type's statistics run as their declarer (pgrag_docs.stats_<type>)
-    -- (in a superuser's session, only the statistics a superuser declared: another role's
-    -- are left out, pgrag._may_run_declared; asked for by name, they are refused)
+    -- (in a privileged session, only the statistics it may run: another role's are left
+    -- out, pgrag._may_run_declared; asked for by name, they are refused)
     for t in select s.doc_type, s.owner from pgrag.doc_stats s
               where (stats_detail.doc_types is null and pgrag._may_run_declared(s.owner))
                  or s.doc_type = any(stats_detail.doc_types)
@@ -170,20 +170,24 @@ begin
         if owner is null or pgrag._may_run_declared(owner) then
             deps := pgrag._stats_query_tables(doc_type);
         else
-            -- a superuser's session does not parse another role's query: the tables found
+            -- a privileged session does not parse another role's query: the tables found
             -- when its declarer declared it
             select s.query_tables into deps from pgrag.doc_stats s
              where s.doc_type = cache_stats.doc_type;
             if deps is not null then  -- (tables that still exist: a conversion of the store
-                -- replaced pgrag.chunks, whose current one is added as always)
+                -- replaced pgrag.chunks, whose current one is added as always; and that the
+                -- declarer may read: it writes query_tables itself, and the tables listed get
+                -- this session's statement triggers)
                 deps := (select array_agg(distinct t order by t)
                            from unnest(deps || '{pgrag.chunks,pgrag.doc_stats}'::regclass[]) t
-                          where exists (select from pg_class c where c.oid = t));
+                          where exists (select from pg_class c where c.oid = t)
+                            and (t in ('pgrag.chunks'::regclass, 'pgrag.doc_stats'::regclass)
+                                 or has_table_privilege(owner, t, 'SELECT')));
             end if;
             if deps is null then
                 raise exception using errcode = 'PR008',
                     message = format('the statistics of %s, declared by %s, cannot be cached in a '
-                                     'superuser''s session: pgrag does not parse %s''s query '
+                                     'privileged session: pgrag does not parse %s''s query '
                                      'here, and it did not record its tables (not cacheable, or '
                                      'declared before revision 0010)', doc_type, owner, owner),
                     hint = format('cache them as %s (its own login), or declare them again as '

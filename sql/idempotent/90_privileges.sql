@@ -25,12 +25,24 @@ select pgrag._ensure_policy('pgrag.chunks', 'chunks_read', $p$
 -- query, a statistics query) runs as the row's owner only (docs/security.md).
 select pgrag._ensure_policy('pgrag.doc_types', 'doc_types_read', $p$
     create policy doc_types_read on pgrag.doc_types for select using (true)$p$);
+-- A type's parent (doc_types.parent_type: the row's own, not the subquery's) must be a type of
+-- a role it may act as: a child of another role's type keeps that role from dropping it or
+-- giving it tenants (pgrag.declare_document says so first).
 select pgrag._ensure_policy('pgrag.doc_types', 'doc_types_insert', $p$
     create policy doc_types_insert on pgrag.doc_types for insert
-        with check (owner = current_user::regrole)$p$);
+        with check (owner = current_user::regrole
+                    and (parent_type is null
+                         or exists (select from pgrag.doc_types p
+                                     where p.name = doc_types.parent_type
+                                       and pgrag._may_act_as(p.owner))))$p$);
 select pgrag._ensure_policy('pgrag.doc_types', 'doc_types_update', $p$
     create policy doc_types_update on pgrag.doc_types for update
-        using (pgrag._may_act_as(owner)) with check (owner = current_user::regrole)$p$);
+        using (pgrag._may_act_as(owner))
+        with check (owner = current_user::regrole
+                    and (parent_type is null
+                         or exists (select from pgrag.doc_types p
+                                     where p.name = doc_types.parent_type
+                                       and pgrag._may_act_as(p.owner))))$p$);
 select pgrag._ensure_policy('pgrag.doc_types', 'doc_types_delete', $p$
     create policy doc_types_delete on pgrag.doc_types for delete
         using (pgrag._may_act_as(owner))$p$);

@@ -18,7 +18,7 @@ from pgrag.ask import ask
 from pgrag.search import search
 from tests.embed_server import default_embedder
 
-from .conftest import Scene, declare_things
+from .conftest import PASSWORD, Scene, declare_things
 
 
 def _victim_declares(scene: Scene, name: str = "victim") -> None:
@@ -496,9 +496,9 @@ def test_a_superuser_session_runs_no_other_roles_declared_sql(scene: Scene) -> N
             "select pgrag.stats('{}', '{things}')",
             "select pgrag.cache_stats('things')",
         ):
-            with pytest.raises(psycopg.Error, match="superuser's session"):
+            with pytest.raises(psycopg.Error, match="privileged session"):
                 conn.execute(stmt.encode())
-        assert "superuser's session" in str(
+        assert "privileged session" in str(
             conn.execute("select problem from pgrag.verify('things')").fetchone()
         )
         conn.execute("select pgrag.stats()")  # the writer's statistics left out
@@ -509,3 +509,108 @@ def test_a_superuser_session_runs_no_other_roles_declared_sql(scene: Scene) -> N
         assert conn.execute("select entries from pgrag.render_queued()").fetchone() == (0,)
     assert not scene.attacker_is_superuser()
     assert scene.ran_as() <= {scene.role}
+
+
+def test_a_session_that_can_act_as_a_superuser_runs_no_other_roles_declared_sql(
+    scene: Scene,
+) -> None:
+    """A fourth review got past the boundary above, which looked at session_user and
+    current_user only: a superuser who ran SET SESSION AUTHORIZATION to a writer login (code
+    there can RESET SESSION AUTHORIZATION back: PostgreSQL checks the login), a writer login
+    that is a member of a superuser role (it can SET ROLE to it), and one in
+    pg_execute_server_program (COPY ... TO PROGRAM runs as the server's OS account) each ran
+    the attacker's code as an ordinary session would, and it planted a search_path that made
+    the attacker superuser. Each such session is privileged now: the attacker's code does not
+    run there at all."""
+    _declare_evil_things(scene)
+    with psycopg.connect(scene.victim, autocommit=True) as conn:
+        conn.execute("delete from attack.ran")  # (its declaration ran it, as itself)
+        writer = conn.execute("select writer_role from pgrag.settings").fetchone()
+        assert writer is not None
+    su, dba, prog = (f"{scene.role}_{s}" for s in ("su", "dba", "prog"))
+    app = str(psycopg.conninfo.conninfo_to_dict(scene.app)["user"])
+    with psycopg.connect(scene.victim, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "create role {su} superuser nologin; "
+                "create role {dba} login password {p} in role {su}, {w}; "
+                "create role {prog} login password {p} in role pg_execute_server_program, {w}; "
+                "grant usage on schema attack to {dba}, {prog}; "
+                "grant select, update on attack.things to {dba}, {prog}"
+            ).format(
+                su=sql.Identifier(su),
+                dba=sql.Identifier(dba),
+                prog=sql.Identifier(prog),
+                w=sql.Identifier(writer[0]),
+                p=sql.Literal(PASSWORD),
+            )
+        )
+    try:
+        with psycopg.connect(scene.victim, autocommit=True) as conn:
+            conn.execute(sql.SQL("set session authorization {}").format(sql.Identifier(app)))
+            assert conn.execute("select session_user, current_user").fetchone() == (app, app)
+            for stmt in ("select pgrag.refresh('things')", "select pgrag.stats('{}', '{things}')"):
+                with pytest.raises(psycopg.Error, match="privileged session"):
+                    conn.execute(stmt.encode())
+        logins = [psycopg.conninfo.make_conninfo(scene.victim, user=u, password=PASSWORD)
+                  for u in (dba, prog)]  # fmt: skip
+        for url in logins:
+            with psycopg.connect(url, autocommit=True) as conn:
+                with pytest.raises(psycopg.Error, match="privileged session"):
+                    conn.execute("select pgrag.stats('{}', '{things}')")
+                assert "privileged session" in str(
+                    conn.execute("select problem from pgrag.verify('things')").fetchone()
+                )
+        assert scene.ran_as() == set()
+        # their writes queue the documents (the watched table's trigger function is the
+        # writer's own, TRIGGER trust: docs/security.md, known limits), and they render none
+        for url in logins:
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute("update attack.things set name = name || '?'")
+                assert conn.execute("select entries from pgrag.render_queued()").fetchone() == (0,)
+        assert scene.ran_as() <= {scene.role}
+        # the writer's own login runs its code, and renders what the others queued
+        with psycopg.connect(scene.attacker, autocommit=True) as conn:
+            assert conn.execute("select entries from pgrag.render_queued()").fetchone() != (0,)
+    finally:
+        with psycopg.connect(scene.victim, autocommit=True) as conn:
+            for r in (dba, prog, su):
+                conn.execute(sql.SQL("drop owned by {} cascade").format(sql.Identifier(r)))
+                conn.execute(sql.SQL("drop role {}").format(sql.Identifier(r)))
+    assert not scene.attacker_is_superuser()
+
+
+def test_a_writer_hangs_no_type_under_another_roles_nor_lists_tables_for_its_statistics(
+    scene: Scene,
+) -> None:
+    """The fourth review: a writer declared its type a child of another role's, which then
+    could neither drop its own type nor give it tenants; and it wrote the tables its
+    statistics read (pgrag.doc_stats.query_tables, its own row) so that a superuser's
+    cache_stats put statement triggers on pgrag.tenant_roles."""
+    _victim_declares(scene)
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        with pytest.raises(psycopg.Error, match="belongs to role"):
+            conn.execute(
+                "select pgrag.declare_document('hanger', $$select t.id as source_key, "
+                "t.name as text, 1 as parent_key from attack.things t$$, "
+                "parent_type => 'victim')"
+            )
+        declare_things(conn)
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):  # row-level security
+            conn.execute("update pgrag.doc_types set parent_type = 'victim' where name = 'things'")
+        conn.execute(
+            "select pgrag.declare_stats('things', "
+            "$s$select jsonb_build_object('n', count(*)) from hits$s$)"
+        )
+        conn.execute(
+            "update pgrag.doc_stats set query_tables = "
+            "'{attack.things,pgrag.tenant_roles}'::regclass[] where doc_type = 'things'"
+        )
+    with psycopg.connect(scene.victim, autocommit=True) as conn:
+        conn.execute("select pgrag.drop_document('victim')")  # nothing hangs under it
+        deps = conn.execute("select pgrag.cache_stats('things')::text[]").fetchone()
+        assert deps is not None and "pgrag.tenant_roles" not in deps[0], deps
+        assert conn.execute(
+            "select count(*) from pg_trigger where tgrelid = 'pgrag.tenant_roles'::regclass "
+            "and not tgisinternal"
+        ).fetchone() == (0,)
