@@ -216,6 +216,7 @@ _NOT_NAMES = {
     Each Every Total Average Top Last This Next Yesterday Today Count Sum Name Names I My We Our
     Me Us You Your Their They He She His Her It Its Than Then Also Only Just Ignore Return
     Returns Print Output Reveal Forget Disregard Compare Between Both Either Neither
+    Dr Dr. Mr Mr. Mrs Mrs. Ms Ms. Miss Mx Mx. Prof Prof. Professor Sir Dame
     """.split(),  # noqa: SIM905
 }
 _GENERIC_TYPE_WORDS = {
@@ -270,8 +271,23 @@ _KEY_NOISE = {
     "key",
 }
 _ID_TAILS = ("id", "no", "number", "nr", "code")
+# Words of a direction before a value, and the words of the keys each points to: "from Lisbon to
+# Paris" is origin Lisbon, destination Paris, where both keys hold both cities (English, not any
+# schema's: the key words come from the declarations).
+_DIRECTIONS: dict[str, frozenset[str]] = {
+    **dict.fromkeys(
+        ("from", "depart", "departed", "departing", "departs", "leave", "leaving", "left"),
+        frozenset({"from", "origin", "source", "departure", "depart", "sender", "start"}),
+    ),
+    **dict.fromkeys(
+        ("to", "into", "toward", "towards", "arrive", "arrived", "arriving", "arrives"),
+        frozenset({"to", "destination", "dest", "target", "arrival", "arrive", "recipient",
+                   "end"}),
+    ),
+}  # fmt: skip
+
 _NEGATOR_RE = re.compile(
-    r"\b(?:not|no|never|without|non|none|nor|excluding|except|yet\s+to\s+be)\b|n't\b", re.I
+    r"\b(?:not|no|never|without|non|none|neither|nor|excluding|except|yet\s+to\s+be)\b|n't\b", re.I
 )
 _MONEY_WORDS = {
     "total",
@@ -293,28 +309,65 @@ _MONEY_WORDS = {
     "budget",
 }
 
-_COMPARE_RE = re.compile(
-    r"\b(?P<op>more\s+than|greater\s+than|larger\s+than|higher\s+than|bigger\s+than|over|above"
-    r"|exceeding|at\s+least|no\s+less\s+than|not\s+less\s+than|a\s+minimum\s+of|less\s+than"
-    r"|fewer\s+than|lower\s+than|smaller\s+than|under|below|at\s+most|no\s+more\s+than"
-    r"|not\s+more\s+than|up\s+to|a\s+maximum\s+of)\s+(?P<cur>[$\u20ac\u00a3])?\s*"
-    + _NUMBER_RE
-    + r"(?:\s*(?P<unit>[a-z]+))?",
-    re.I,
-)
-_OR_MORE_RE = re.compile(
-    r"(?P<cur>[$\u20ac\u00a3])?\b" + _NUMBER_RE + r"\s*(?:\+|or\s+(?P<dir>more|over|less|fewer|"
-    r"under))\s*(?P<unit>[a-z]+)?",
-    re.I,
-)
-_BETWEEN_RE = re.compile(
-    r"\bbetween\s+(?P<cur>[$\u20ac\u00a3])?\s*"
-    + _NUMBER_RE
-    + r"\s+and\s+[$\u20ac\u00a3]?\s*"
-    + _NUMBER_RE
-    + r"(?:\s*(?P<unit>[a-z]+))?",
-    re.I,
-)
+# Superlatives and ranking words of less of a measure ("the cheapest": smallest price first),
+# with their opposites, so that a key described by one word is ranked by the other too; and
+# words of a measure that name no key by themselves ("expensive", "cheap": money).
+_OPPOSITES = {
+    "cheap": "expensive",
+    "short": "long",
+    "small": "large",
+    "low": "high",
+    "light": "heavy",
+    "few": "many",
+    "thin": "thick",
+    "narrow": "wide",
+    "slow": "fast",
+    "near": "far",
+    "close": "far",
+    "weak": "strong",
+    "shallow": "deep",
+}
+_LESS = frozenset(_OPPOSITES)
+# Units of measure after a number, by dimension and size: "more than 2 hours" is a key of
+# minutes over 120, "over 30 kg" a key in kg, and a unit no key is in filters nothing (a fee
+# is not a duration).
+_UNITS: dict[str, tuple[str, float]] = {
+    **dict.fromkeys(("second", "sec", "secs", "s"), ("time", 1.0)),
+    **dict.fromkeys(("minute", "min", "mins"), ("time", 60.0)),
+    **dict.fromkeys(("hour", "hr", "hrs", "h"), ("time", 3600.0)),
+    **dict.fromkeys(("day",), ("time", 86400.0)),
+    **dict.fromkeys(("week", "wk"), ("time", 604800.0)),
+    **dict.fromkeys(("meter", "metre"), ("length", 1.0)),
+    **dict.fromkeys(("km", "kilometer", "kilometre"), ("length", 1000.0)),
+    **dict.fromkeys(("mile", "mi"), ("length", 1609.344)),
+    **dict.fromkeys(("gram", "g"), ("mass", 1.0)),
+    **dict.fromkeys(("kg", "kilo", "kilogram"), ("mass", 1000.0)),
+    **dict.fromkeys(("lb", "lbs"), ("mass", 453.59237)),
+}
+
+
+def _unit(word: str | None) -> tuple[str, float] | None:
+    return None if not word else _UNITS.get(singular(word.lower()), _UNITS.get(word.lower()))
+
+
+_MEASURE_OF: dict[str, set[str]] = {
+    **dict.fromkeys(("cheap", "expensive", "costly", "pricey", "pricy"), _MONEY_WORDS),
+    **dict.fromkeys(("heavy", "light"), {"weight", "kg", "mass"}),
+    **dict.fromkeys(("far", "near", "close"), {"distance", "km", "mile"}),
+}
+_MEASURE_ADJECTIVES = _LESS | set(_OPPOSITES.values()) | set(_MEASURE_OF)
+
+
+def _measure_words(word: str) -> set[str]:
+    """The words a key may be named by for a word of a question: itself, and for a word of a
+    measure ("cheap", "long") its opposite and what it measures."""
+    return (
+        {word, _OPPOSITES.get(word, word)}
+        | {less for less, more in _OPPOSITES.items() if more == word}
+        | _MEASURE_OF.get(word, set())
+    )
+
+
 _OPS = {
     "more than": "$gt",
     "greater than": "$gt",
@@ -339,7 +392,40 @@ _OPS = {
     "not more than": "$lte",
     "up to": "$lte",
     "a maximum of": "$lte",
+    # comparatives of a measure (the number's unit, or the words around it, name the key)
+    "longer than": "$gt",
+    "heavier than": "$gt",
+    "farther than": "$gt",
+    "further than": "$gt",
+    "pricier than": "$gt",
+    "costlier than": "$gt",
+    "more expensive than": "$gt",
+    "shorter than": "$lt",
+    "lighter than": "$lt",
+    "cheaper than": "$lt",
+    "less expensive than": "$lt",
 }
+_COMPARE_RE = re.compile(
+    r"\b(?P<op>"
+    + "|".join(re.escape(op).replace(r"\ ", r"\s+") for op in sorted(_OPS, key=len, reverse=True))
+    + r")\s+(?P<cur>[$\u20ac\u00a3])?\s*"
+    + _NUMBER_RE
+    + r"(?:\s*(?P<unit>[a-z]+))?",
+    re.I,
+)
+_OR_MORE_RE = re.compile(
+    r"(?P<cur>[$\u20ac\u00a3])?\b" + _NUMBER_RE + r"\s*(?:\+|or\s+(?P<dir>more|over|less|fewer|"
+    r"under))\s*(?P<unit>[a-z]+)?",
+    re.I,
+)
+_BETWEEN_RE = re.compile(
+    r"\bbetween\s+(?P<cur>[$\u20ac\u00a3])?\s*"
+    + _NUMBER_RE
+    + r"\s+and\s+[$\u20ac\u00a3]?\s*"
+    + _NUMBER_RE
+    + r"(?:\s*(?P<unit>[a-z]+))?",
+    re.I,
+)
 _TOP_RE = re.compile(r"\b(top|first|bottom|last)\s+" + _COUNT + r"\b", re.I)
 _RANK_RE = re.compile(
     r"\b(most|highest|largest|biggest|greatest|many|lots\s+of|maximum|fewest|least|lowest"
@@ -425,7 +511,8 @@ def _index(vocabulary: Vocabulary) -> _Index:
                 continue
             for value in k.values:
                 words_of = tokens(value)
-                if len(value.strip()) < 2 or not any(w.isalpha() for w in words_of):
+                # a value needs a letter (a code of letters and digits counts: ZP474)
+                if len(value.strip()) < 2 or not any(c.isalpha() for w in words_of for c in w):
                     continue
                 add(words_of, (t.name, k.name, value, "value"))
                 if len(words_of) <= 6:
@@ -658,6 +745,12 @@ def parse_question(
                 f"{m.group(0).strip()!r}: no numeric key of the store matches it, {NOT_FILTERED}"
             )
             continue
+        scale = _unit_scale(m.group("unit"), {k for _, k in keys})
+        if scale is None:  # keys in units that differ: each would need its own number
+            notes.append(f"{m.group(0).strip()!r}: its keys hold other units, {NOT_FILTERED}")
+            continue
+        if scale != 1.0:
+            low, high = _scaled(low, scale), None if high is None else _scaled(high, scale)
         condition = {"$gte": low, "$lte": high} if op == "between" else {op: low}
         mentions.append(Mention(m.group(0).strip(), keys, condition, "comparison", m.span()))
         take(*m.span())
@@ -1023,6 +1116,7 @@ def _numeric_keys_near(
     before = [t.word for t in toks if t.end <= span[0]][-4:]
     elsewhere = [t.word for t in toks if t.end <= span[0] or t.start >= span[1]]
     money_words = {stem(x) for x in _MONEY_WORDS}
+    measured = _unit(unit)
     chosen: list[tuple[str, str]] = []
     for t in vocabulary.types.values():
         scored: dict[str, float] = {}
@@ -1032,6 +1126,8 @@ def _numeric_keys_near(
             score = 0.0
             if unit and any(same_word(unit, w) for w in words):
                 score += 3
+            elif measured and (ku := _key_unit(k.name)) is not None and ku[0] == measured[0]:
+                score += 2.5  # hours asked, a key of minutes
             score += 2 * sum(any(same_word(b, w) for w in words) for b in before)
             score += 0.5 * sum(any(same_word(b, w) for w in words) for b in elsewhere)
             if money and any(w in money_words for w in words):
@@ -1040,9 +1136,33 @@ def _numeric_keys_near(
                 scored[k.name] = score
         if scored:
             chosen.append((t.name, max(sorted(scored), key=lambda k: scored[k])))
-        elif len(numeric) == 1:
-            chosen.append((t.name, numeric[0].name))
+        elif len(numeric) == 1 and (measured is None or _key_unit(numeric[0].name) == measured):
+            chosen.append((t.name, numeric[0].name))  # (not a fee for "3 hours")
     return tuple(chosen)
+
+
+def _key_unit(key: str) -> tuple[str, float] | None:
+    """The unit a key's name ends in (delay_minutes, weight_kg, distance_km), if any."""
+    return _unit(name_words(key)[-1]) if name_words(key) else None
+
+
+def _unit_scale(unit: str | None, keys: set[str]) -> float | None:
+    """What a number in ``unit`` is multiplied by to compare with the keys (hours against a key
+    of minutes: 60); 1 without units; None when the keys hold the dimension in different
+    units."""
+    asked = _unit(unit)
+    if asked is None:
+        return 1.0
+    scales = {asked[1] / ku[1] if (ku := _key_unit(k)) and ku[0] == asked[0] else 1.0
+              for k in keys}  # fmt: skip
+    return scales.pop() if len(scales) == 1 else None
+
+
+def _scaled(x: Any, scale: float) -> Any:
+    if scale == 1.0:
+        return x
+    y = x * scale
+    return int(y) if float(y).is_integer() else round(y, 6)
 
 
 def _id_form(spelling: str) -> str | None:
@@ -1106,7 +1226,8 @@ def _rank(vocabulary: Vocabulary, index: _Index, text: str, toks: Sequence[_Tok]
             score = sum(
                 w
                 for tok in toks
-                if (w := weights.get(tok.start, 0.0)) and any(same_word(tok.word, x) for x in words)
+                if (w := weights.get(tok.start, 0.0))
+                and any(same_word(m, x) for m in _measure_words(tok.word) for x in words)
             )
             if score > 0:
                 scored[k.name] = max(scored.get(k.name, 0.0), score)
@@ -1124,8 +1245,10 @@ def _measures(t: TypeWords) -> list[KeyWords]:
 
 def _superlative(vocabulary: Vocabulary, index: _Index, toks: Sequence[_Tok]) -> RankBy | None:
     """ "the 3 longest books": a word in -est whose base (long, big, heavy, large) is a word of a
-    numeric key (its name or a described synonym: pages described "long") ranks by that key,
-    largest first. Only such words: "the latest", "the best" name no key unless declared so."""
+    numeric key (its name or a described synonym: pages described "long"), or the measure of a
+    word of one (cheap: price), or whose next word names one ("the longest delay"), ranks by
+    that key: largest first, smallest for a word of less (cheapest, shortest, lightest). Only
+    such words: "the latest", "the best" name no key unless declared so."""
     for i, tok in enumerate(toks):
         w = tok.word.lower()
         if len(w) < 6 or not w.endswith("est") or w in _TIME_SUPERLATIVES:
@@ -1134,12 +1257,21 @@ def _superlative(vocabulary: Vocabulary, index: _Index, toks: Sequence[_Tok]) ->
         bases = {base, base + "e", base[:-1] if len(base) > 2 and base[-1] == base[-2] else base}
         if base.endswith("i"):
             bases.add(base[:-1] + "y")
+        named = set().union(*(_measure_words(b) for b in bases))
+        after = toks[i + 1].word.lower() if i + 1 < len(toks) else ""
         scored: dict[str, int] = {}
         for t in vocabulary.types.values():
             for k in _measures(t):
                 words = index.key_words[(t.name, k.name)]
-                if any(same_word(b, x) or b == x for b in bases for x in words):
-                    scored[k.name] = scored.get(k.name, 0) + 1
+                score = int(any(same_word(b, x) or b == x for b in named for x in words))
+                if (
+                    after
+                    and bases & _MEASURE_ADJECTIVES
+                    and any(same_word(after, x) for x in words)
+                ):
+                    score += 2  # "the longest delay": delay_minutes, whatever long names
+                if score:
+                    scored[k.name] = scored.get(k.name, 0) + score
         if not scored:
             continue
         candidates = tuple(sorted(scored, key=lambda k: (-scored[k], k)))
@@ -1147,7 +1279,7 @@ def _superlative(vocabulary: Vocabulary, index: _Index, toks: Sequence[_Tok]) ->
         limit = _count(before) if before.isdigit() or before in _NUMBER_WORDS else None
         if before in ("a", "an"):
             limit = None
-        return RankBy(candidates[0], True, limit, tok.word, candidates)
+        return RankBy(candidates[0], not bases & _LESS, limit, tok.word, candidates)
     return None
 
 
@@ -1258,6 +1390,14 @@ def _preferred_keys(
         return keys
     t = vocabulary.types[doc_type]
     before = [x.word for x in toks if x.end <= mention.span[0]][-3:]
+    # "from Lisbon", "to Paris", "departing Madrid": the key of that direction, by the nearest
+    # direction word
+    toward = next((_DIRECTIONS[w] for w in reversed(before) if w in _DIRECTIONS), None)
+    if toward is not None:
+        directed = [k for k in keys if any(w in toward for w in name_words(k))
+                    or any(w in toward for s in t.keys[k].synonyms for w in tokens(s))]  # fmt: skip
+        if directed:
+            return directed
     passive = bool(before) and before[-1] == "by"
     # "recommended by X": the key named for that relation (recommended_by); "who recommended X"
     # (X the object): X's own document, which tells its relations both ways

@@ -201,7 +201,8 @@ def same_word(a: str, b: str) -> bool:
     """Whether two words are forms of one: equal stems, or a shared start of 5+ letters
     (registered / registration)."""
     sa, sb = stem(a), stem(b)
-    if sa == sb:
+    # (either may be a stem already, which the crude stem cuts again: neutered -> neuter -> neut)
+    if sa in (sb, b) or a == sb:
         return True
     n = 0
     for x, y in zip(sa, sb, strict=False):

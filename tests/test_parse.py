@@ -612,3 +612,73 @@ def test_a_superlative_of_a_described_measure_ranks_by_it() -> None:
     # a word in -est that names no key is no ranking
     assert parse(v, "What are the latest books?").rank_by is None
     assert parse(v, "Books of interest").rank_by is None
+
+
+def test_directions_units_codes_titles_and_words_of_less() -> None:
+    """Found asking an airline and a vet clinic schema (a tester's own, 2026-12-03): "from X" and
+    "to Y" filtered both origin and destination; "longer than 2500 km" was no comparison;
+    "neither delayed nor cancelled" kept the delayed; "more than 2 hours" compared minutes with 2,
+    and "more than 3 hours" filtered the only numeric key, a fee; a flight number (letters and
+    digits) was no value; "Dr Okafor" was an unknown name; "neutered" never matched
+    is_neutered (a stem stemmed again); "the cheapest" ranked the most expensive first; "the
+    longest delay" and "the most expensive" ranked nothing."""
+    cities = {"Lisbon": 40, "Paris": 30, "Dublin": 25}
+    v = Vocabulary(
+        {
+            "flight": TypeWords(
+                "flight",
+                {
+                    "flight_no": KeyWords("flight_no", "text", values={"ZP474": 1, "ZP346": 1}),
+                    "origin_city": KeyWords("origin_city", "text", values=cities),
+                    "destination_city": KeyWords("destination_city", "text", values=cities),
+                    "delay_minutes": KeyWords("delay_minutes", "integer"),
+                    "distance_km": KeyWords("distance_km", "integer"),
+                    "price": KeyWords("price", "numeric"),
+                    "status": KeyWords(
+                        "status", "text", values={"on time": 50, "delayed": 9, "cancelled": 3}
+                    ),
+                },
+            ),
+            "visit": TypeWords(
+                "visit",
+                {
+                    "fee": KeyWords("fee", "numeric"),
+                    "vet_name": KeyWords(
+                        "vet_name", "text", values={"Amara Okafor": 34, "Fiona MacLeod": 40}
+                    ),
+                    "is_neutered": KeyWords("is_neutered", "boolean"),
+                },
+            ),
+        }
+    )
+    assert parse(v, "How many flights from Lisbon to Paris?").filter == {
+        "origin_city": "Lisbon",
+        "destination_city": "Paris",
+    }
+    assert parse(v, "How many flights departed from Dublin?").filter == {"origin_city": "Dublin"}
+    assert parse(v, "How many flights arrived in Dublin?").filter == {"destination_city": "Dublin"}
+    p = parse(v, "How many flights were delayed more than 2 hours?")
+    assert p.filter["delay_minutes"] == {"$gt": 120}, p  # (and the status "delayed")
+    assert parse(v, "flights longer than 2500 km").filter == {"distance_km": {"$gt": 2500}}
+    assert parse(v, "flights cheaper than $300").filter == {"price": {"$lt": 300}}
+    p = parse(v, "Which flights were neither delayed nor cancelled?")
+    assert "delayed" in json.dumps(p.filter) and "cancelled" in json.dumps(p.filter)
+    assert '"$ne"' in json.dumps(p.filter) or '"$nin"' in json.dumps(p.filter), p.filter
+    assert '"status": "delayed"' not in json.dumps(p.filter), p.filter
+    assert parse(v, "flights of more than 2500 km").filter == {"distance_km": {"$gt": 2500}}
+    p = parse(v, "How many visits lasted more than 3 hours?")
+    assert p.filter == {} and any("3 hours" in n for n in p.notes), p
+    assert parse(v, "What is the status of flight ZP474?").filter == {"flight_no": "ZP474"}
+    assert parse(v, "How many visits did Dr Okafor have?").filter == {"vet_name": "Amara Okafor"}
+    assert parse(v, "How many visits of neutered pets?").filter == {"is_neutered": True}
+    for q, key, descending in (
+        ("What is the cheapest flight?", "price", False),
+        ("Which flight had the longest delay?", "delay_minutes", True),
+        ("the 3 most expensive flights", "price", True),
+        ("the least expensive flight", "price", False),
+    ):
+        p = parse(v, q)
+        assert p.rank_by is not None and (p.rank_by.key, p.rank_by.descending) == (
+            key,
+            descending,
+        ), (q, p)
