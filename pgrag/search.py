@@ -499,6 +499,14 @@ def _shape(params: Mapping[str, Any]) -> tuple[Any, ...]:
     )
 
 
+def _prepare(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], kept: _KeptPlan) -> bool:
+    """Whether the plan's statement is prepared: at once, since a kept plan is run again (its
+    first five runs, each planned as psycopg's threshold would have them, were the p95 of a
+    50-query sweep), unless the plan says it is too long to hold or the connection prepares
+    nothing (``prepare_threshold=None``: behind a pooler in transaction mode)."""
+    return kept.prepare and conn.prepare_threshold is not None
+
+
 def _bound(step: _Search) -> tuple[Any, Any]:
     """The plan's statement's parameters: $1 the question, $2 the vector."""
     return step.params["text"], step.params["qvec"]
@@ -667,7 +675,7 @@ def _run_plan(conn: psycopg.Connection[Any], step: _Search, kept: _KeptPlan | No
             conn.execute(kept.settings)
             cur = psycopg.RawCursor(conn, row_factory=args_row(_Row))
             _adapt_vector_param(cur.adapters)
-            cur.execute(kept.statement, _bound(step), prepare=None if kept.prepare else False)
+            cur.execute(kept.statement, _bound(step), prepare=_prepare(conn, kept))
     except BaseException:
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             conn.rollback()
@@ -746,7 +754,7 @@ async def _arun_plan(
             await conn.execute(kept.settings)
             cur = psycopg.AsyncRawCursor(conn, row_factory=args_row(_Row))
             _adapt_vector_param(cur.adapters)
-            await cur.execute(kept.statement, _bound(step), prepare=None if kept.prepare else False)
+            await cur.execute(kept.statement, _bound(step), prepare=_prepare(conn, kept))
     except BaseException:
         if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             await conn.rollback()

@@ -282,14 +282,18 @@ def test_the_client_keeps_a_plan_per_shape_and_runs_it_in_one_round_trip(
                 f.seek(0)
                 sent = [line.split("\t")[3].strip() for line in f if "\tF\t" in line]
             assert sent.count("Sync") == 1, sent
-            # psycopg prepares the statement once it ran five times (prepare_threshold; a
-            # rollback, as above, deallocates them all)
+            # prepared at its first run (a rollback, as above, deallocates them all)
             names = conn.execute(
                 "select statement from pg_prepared_statements where name like '\\_pg3\\_%'"
             ).fetchall()
-            assert any("matched as materialized" in r[0] for r in names) is autocommit
+            assert any("matched as materialized" in r[0] for r in names)
             if not autocommit:
                 conn.rollback()
+    # a connection that prepares nothing (behind a pooler in transaction mode) gets nothing
+    with psycopg.connect(synthetic_url, autocommit=True, prepare_threshold=None) as conn:
+        for q in qs[:2]:
+            s.search(conn, vector=q, model="synthetic", k=5, mode="vector", filter=FILTERS["1%"])
+        assert conn.execute("select count(*) from pg_prepared_statements").fetchone() == (0,)
 
 
 def _params(q: Any, flt: dict[str, Any] | None, **kw: Any) -> dict[str, Any]:

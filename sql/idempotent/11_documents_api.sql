@@ -50,6 +50,7 @@ declare
     bad text;
     plan json;
     reads regclass[];
+    stats_owner regrole;
 begin
     -- the name and the parent
     if declare_document.name is null or declare_document.name !~ '^[a-z][a-z0-9_]{0,39}$' then
@@ -233,8 +234,26 @@ begin
         parent_type = excluded.parent_type, metadata_schema = excluded.metadata_schema,
         tenant_column = excluded.tenant_column, sensitive = excluded.sensitive,
         owner = excluded.owner, sync = excluded.sync, updated_at = now();
-    update pgrag.doc_stats s set owner = current_user::regrole
+    -- Statistics another role declared are never taken over: their SQL would run as this
+    -- role (a superuser re-declaring a writer's type, as the watched table's owner must, ran
+    -- the writer's statistics as itself). They are removed, to be declared again.
+    select s.owner into stats_owner from pgrag.doc_stats s
      where s.doc_type = declare_document.name and s.owner <> current_user::regrole;
+    if stats_owner is not null then
+        delete from pgrag.doc_stats s where s.doc_type = declare_document.name;
+        begin
+            execute format('drop function if exists pgrag_docs.%I(jsonb, text[])',
+                           pgrag._generated('stats', declare_document.name));
+        exception when insufficient_privilege then
+            null;  -- (its owner's; nothing calls it without the row, and a new declaration
+                   -- of statistics replaces it or names it)
+        end;
+        raise warning using
+            message = format('pgrag: the statistics of %s, declared by %s, were removed: they '
+                             'would run as %s', declare_document.name, stats_owner, current_user),
+            hint = format('declare them again (pgrag.declare_stats) as %s, or have %s do it',
+                          current_user, stats_owner);
+    end if;
     perform pgrag._create_render_function(declare_document.name);
     if exists (select from pgrag.doc_stats s where s.doc_type = declare_document.name) then
         perform pgrag._create_stats_function(declare_document.name);

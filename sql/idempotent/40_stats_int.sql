@@ -165,6 +165,12 @@ begin
          where rel.relkind = 'r' and rel.oid <> 'pgrag.chunks'::regclass
            and (c.relrowsecurity or c.relhassubclass)
         union all
+        select format('it reads %s, a table of pgrag''s own whose writes the cache does not '
+                      'follow', rel.oid::regclass)
+          from rel join pg_class c on c.oid = rel.oid
+         where c.relnamespace = 'pgrag'::regnamespace
+           and rel.oid not in ('pgrag.chunks'::regclass, 'pgrag.doc_stats'::regclass)
+        union all
         select format('it reads pgrag.chunks.%I, whose writes do not invalidate it', a.attname)
           from rules
           join pg_depend d on d.classid = 'pg_rewrite'::regclass and d.objid = rules.oid
@@ -255,6 +261,11 @@ begin
         continue when exists (select from pg_trigger tg
                                where tg.tgname = 'pgrag_stats_changed' and tg.tgrelid = t
                                  and tg.tgenabled = 'A');
+        -- never on pgrag's other tables: on pgrag.stats_changes, which its function writes, it
+        -- fired itself until the stack ran out, and every write to the store failed
+        continue when t not in ('pgrag.chunks'::regclass, 'pgrag.doc_stats'::regclass)
+                  and exists (select from pg_class c
+                               where c.oid = t and c.relnamespace = 'pgrag'::regnamespace);
         begin
             if not exists (select from pg_trigger tg
                             where tg.tgname = 'pgrag_stats_changed' and tg.tgrelid = t) then

@@ -183,6 +183,17 @@ begin
                           where exists (select from pg_class c where c.oid = t)
                             and (t in ('pgrag.chunks'::regclass, 'pgrag.doc_stats'::regclass)
                                  or has_table_privilege(owner, t, 'SELECT')));
+                -- (pgrag's other tables, as pgrag._stats_query_tables refuses them)
+                if exists (select from unnest(deps) t join pg_class c on c.oid = t
+                            where c.relnamespace = 'pgrag'::regnamespace
+                              and t not in ('pgrag.chunks'::regclass,
+                                            'pgrag.doc_stats'::regclass)) then
+                    raise exception using errcode = 'PR003',
+                        message = format('the statistics of %s cannot be cached: they read a '
+                                         'table of pgrag''s own whose writes the cache does '
+                                         'not follow', doc_type),
+                        hint = 'leave them uncached (computed at every call)';
+                end if;
             end if;
             if deps is null then
                 raise exception using errcode = 'PR008',

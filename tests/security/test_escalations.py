@@ -614,3 +614,59 @@ def test_a_writer_hangs_no_type_under_another_roles_nor_lists_tables_for_its_sta
             "select count(*) from pg_trigger where tgrelid = 'pgrag.tenant_roles'::regclass "
             "and not tgisinternal"
         ).fetchone() == (0,)
+
+
+def test_a_type_re_declared_by_another_role_takes_over_none_of_its_statistics(scene: Scene) -> None:
+    """A fifth review: the statistics of a type moved to whoever re-declared it, so a superuser
+    re-declaring a writer's type (as the owner of its watched table must, to change its
+    triggers) made the writer's statistics query a security definer of the superuser's, which
+    the writer then ran with `pgrag.stats()`. They are removed instead, with a warning. And
+    statistics that read pgrag's own bookkeeping (pgrag.stats_changes) are not cached: the
+    cache's statement trigger on that table fired itself until every write to the store
+    failed."""
+    stats = (
+        "select pgrag.declare_stats('things', $s$select jsonb_build_object('n', count(*), "
+        f"'x', {scene.schema}.evil()) from hits$s$)"
+    )
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        declare_things(conn)
+        conn.execute(stats.encode())
+    declaration = (
+        "select pgrag.declare_document('things', $$select t.id as source_key, t.name as text "
+        'from attack.things t$$, \'{"attack.things": "select id from changed"}\')'
+    )
+    warnings: list[str] = []
+    with psycopg.connect(scene.victim, autocommit=True) as conn:
+        conn.add_notice_handler(lambda d: warnings.append(d.message_primary or ""))
+        conn.execute(declaration)
+        assert conn.execute(
+            "select count(*) from pgrag.doc_stats where doc_type = 'things'"
+        ).fetchone() == (0,)
+    assert any("statistics of things, declared by" in w for w in warnings), warnings
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        conn.execute("select pgrag.stats()")
+        with pytest.raises(psycopg.Error, match="belongs to role"):
+            conn.execute(stats.encode())  # the type is the superuser's now
+    assert not scene.attacker_is_superuser()
+    assert scene.ran_as() <= {scene.role}
+    # statistics over pgrag.stats_changes: refused by the cache, in any session
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        declare_things(conn, "counted")
+        conn.execute(
+            "select pgrag.declare_stats('counted', $s$select jsonb_build_object('n', count(*), "
+            "'c', (select count(*) from pgrag.stats_changes)) from hits$s$)"
+        )
+        with pytest.raises(psycopg.Error, match="pgrag.stats_changes"):
+            conn.execute("select pgrag.cache_stats('counted')")
+        conn.execute(
+            "update pgrag.doc_stats set query_tables = "
+            "'{pgrag.chunks,pgrag.doc_stats,pgrag.stats_changes}' where doc_type = 'counted'"
+        )
+    with psycopg.connect(scene.victim, autocommit=True) as conn:
+        with pytest.raises(psycopg.Error, match="table of pgrag's own"):
+            conn.execute("select pgrag.cache_stats('counted')")
+        assert conn.execute(
+            "select count(*) from pg_trigger where tgrelid = 'pgrag.stats_changes'::regclass "
+            "and not tgisinternal"
+        ).fetchone() == (0,)
+        conn.execute("update attack.things set name = name || '.'")  # the store still writes
