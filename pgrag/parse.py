@@ -33,6 +33,7 @@ import calendar
 import datetime as dt
 import difflib
 import json
+import math
 import re
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -276,13 +277,16 @@ _ID_TAILS = ("id", "no", "number", "nr", "code")
 # schema's: the key words come from the declarations).
 _DIRECTIONS: dict[str, frozenset[str]] = {
     **dict.fromkeys(
-        ("from", "depart", "departed", "departing", "departs", "leave", "leaving", "left"),
-        frozenset({"from", "origin", "source", "departure", "depart", "sender", "start"}),
+        ("from", "depart", "departed", "departing", "departs", "leave", "leaving", "left",
+         "picked", "collected"),
+        frozenset({"from", "origin", "source", "departure", "depart", "sender", "start",
+                   "pickup", "pick", "collection"}),
     ),
     **dict.fromkeys(
-        ("to", "into", "toward", "towards", "arrive", "arrived", "arriving", "arrives"),
+        ("to", "into", "toward", "towards", "arrive", "arrived", "arriving", "arrives",
+         "dropped", "returned", "delivered"),
         frozenset({"to", "destination", "dest", "target", "arrival", "arrive", "recipient",
-                   "end"}),
+                   "end", "dropoff", "drop", "return", "delivery"}),
     ),
 }  # fmt: skip
 
@@ -309,6 +313,12 @@ _MONEY_WORDS = {
     "budget",
 }
 
+# Words of a date key that name when its event starts: of several date keys none of which the
+# question names, the time phrase is read on that one (with a note).
+_START_WORDS = frozenset(
+    {"start", "begin", "from", "pickup", "checkin", "created", "opened", "placed", "issued",
+     "departure", "booked", "ordered", "signed", "enrolled", "joined", "registered"}
+)  # fmt: skip
 # Superlatives and ranking words of less of a measure ("the cheapest": smallest price first),
 # with their opposites, so that a key described by one word is ranked by the other too; and
 # words of a measure that name no key by themselves ("expensive", "cheap": money).
@@ -351,7 +361,12 @@ def _unit(word: str | None) -> tuple[str, float] | None:
 
 
 _MEASURE_OF: dict[str, set[str]] = {
-    **dict.fromkeys(("cheap", "expensive", "costly", "pricey", "pricy"), _MONEY_WORDS),
+    # what a thing costs, not money it made (revenue, a total): "the cheapest car" is by its
+    # daily rate
+    **dict.fromkeys(
+        ("cheap", "expensive", "costly", "pricey", "pricy"),
+        {"price", "cost", "fee", "fare", "rate", "charge", "tariff"},
+    ),
     **dict.fromkeys(("heavy", "light"), {"weight", "kg", "mass"}),
     **dict.fromkeys(("far", "near", "close"), {"distance", "km", "mile"}),
 }
@@ -859,6 +874,11 @@ def parse_question(
             matched.append(Matched(mention.phrase, json.dumps(negated_lists[0])))
             ors.append(negated_lists[0] if len(negated_lists) == 1 else {"$and": negated_lists})
         if not conditions:
+            if not negated_lists:
+                notes.append(
+                    f"{mention.phrase!r} does not fit {', '.join(names)} "
+                    f"({', '.join(schema[k] for k in names)}), {NOT_FILTERED}"
+                )
             continue
         matched.append(
             Matched(mention.phrase, " or ".join(f"{k} {_show(c)}" for k, c in conditions.items()))
@@ -870,12 +890,26 @@ def parse_question(
             ors.append({"$or": [{k: c} for k, c in conditions.items()]})
     if time_range is not None:
         date_keys = _date_keys(vocabulary, index, toks, doc_types)
+        dates = [k.name for d in doc_types for k in vocabulary.types[d].keys.values()
+                 if k.type == "date"]  # fmt: skip
         if date_keys:
             condition = time_range.as_filter()
             if len(date_keys) == 1:
                 _merge(flt, ors, date_keys[0], condition)
             else:
                 ors.append({"$or": [{k: condition} for k in date_keys]})
+            if len(dates) > 1 and not _date_keys(
+                vocabulary, index, toks, doc_types, named_only=True
+            ):
+                notes.append(
+                    f"{time_range.phrase!r} read on {' or '.join(date_keys)}, of the date keys "
+                    f"{', '.join(dates)} (name the one meant)"
+                )
+        elif dates:
+            notes.append(
+                f"{time_range.phrase!r}: {'/'.join(doc_types)} has several date keys "
+                f"({', '.join(dates)}) and the question names none, {NOT_FILTERED}"
+            )
         else:
             notes.append(
                 f"{time_range.phrase!r}: {'/'.join(doc_types)} has no date key, {NOT_FILTERED}"
@@ -980,6 +1014,8 @@ def _unprefixed(word: str) -> str:
 def _for_key(type_name: str, condition: Any) -> Any:
     """``condition`` as the filter language writes it for a key of ``type_name`` (an array key
     contains a value), or None when it cannot apply there."""
+    if type_name == "integer" and isinstance(condition, Mapping):
+        condition = {op: _integer_bound(op, v) for op, v in condition.items()}
     if not _fits(type_name, condition):
         return None
     if not type_name.endswith("[]"):
@@ -987,6 +1023,14 @@ def _for_key(type_name: str, condition: Any) -> Any:
     if not isinstance(condition, Mapping):
         return {"$contains": condition}
     return condition if set(condition) == {"$in"} else None
+
+
+def _integer_bound(op: str, v: Any) -> Any:
+    """A bound with a fraction as an integer key compares it (more than 1609.3 km: more than
+    1609), the same rows."""
+    if not isinstance(v, float) or v.is_integer() or not math.isfinite(v):
+        return v
+    return math.floor(v) if op in ("$gt", "$lte") else math.ceil(v) if op in ("$gte", "$lt") else v
 
 
 def _fits(type_name: str, value: Any) -> bool:
@@ -1128,6 +1172,8 @@ def _numeric_keys_near(
                 score += 3
             elif measured and (ku := _key_unit(k.name)) is not None and ku[0] == measured[0]:
                 score += 2.5  # hours asked, a key of minutes
+            elif measured:
+                continue  # a unit of measure is asked: only a key in that measure will do
             score += 2 * sum(any(same_word(b, w) for w in words) for b in before)
             score += 0.5 * sum(any(same_word(b, w) for w in words) for b in elsewhere)
             if money and any(w in money_words for w in words):
@@ -1459,6 +1505,12 @@ def _date_keys(
             firsts = [k for k, v in plain.items() if v == best]
             if len(firsts) == 1 and best > 1:
                 chosen.append(firsts[0])
+                continue
+            # else the date the event starts on (pickup_date before return_date), when one
+            # key's words say so (the caller notes the choice)
+            starts = [k.name for k in keys if set(name_words(k.name)) & _START_WORDS]
+            if len(starts) == 1:
+                chosen.append(starts[0])
     return list(dict.fromkeys(chosen))
 
 

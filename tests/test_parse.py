@@ -682,3 +682,66 @@ def test_directions_units_codes_titles_and_words_of_less() -> None:
             key,
             descending,
         ), (q, p)
+
+
+def test_pickup_and_dropoff_several_dates_and_units_into_integer_keys() -> None:
+    """Found asking a car rental schema (a tester's own, 2026-12-03): pickup_city and
+    dropoff_city were both filtered for "from Munich to Berlin"; a type with two date keys
+    (pickup_date, return_date) dropped every time phrase, saying it had no date key; "more than
+    1000 miles" became 1609.344 km, which an integer key refused, silently; "the cheapest car"
+    ranked by its revenue (money it made), not its daily rate."""
+    cities = {"Hamburg": 40, "Berlin": 30, "Munich": 20}
+    v = Vocabulary(
+        {
+            "car": TypeWords(
+                "car",
+                {
+                    "daily_rate": KeyWords("daily_rate", "numeric"),
+                    "revenue": KeyWords("revenue", "numeric"),
+                    "mileage_km": KeyWords("mileage_km", "integer"),
+                },
+            ),
+            "rental": TypeWords(
+                "rental",
+                {
+                    "pickup_city": KeyWords("pickup_city", "text", values=cities),
+                    "dropoff_city": KeyWords("dropoff_city", "text", values=cities),
+                    "pickup_date": KeyWords("pickup_date", "date"),
+                    "return_date": KeyWords("return_date", "date"),
+                    "distance_km": KeyWords("distance_km", "integer"),
+                    "duration_days": KeyWords("duration_days", "integer"),
+                },
+                "car",
+            ),
+        }
+    )
+    assert parse(v, "How many rentals went from Munich to Berlin?").filter == {
+        "pickup_city": "Munich",
+        "dropoff_city": "Berlin",
+    }
+    assert parse(v, "How many rentals were picked up in Hamburg?").filter == {
+        "pickup_city": "Hamburg"
+    }
+    assert parse(v, "How many rentals were returned in Berlin?").filter == {
+        "dropoff_city": "Berlin"
+    }
+    p = parse(v, "How many rentals in 2024?")
+    assert p.filter == {"pickup_date": {"$gte": "2024-01-01", "$lte": "2024-12-31"}}, p
+    assert any("read on pickup_date" in n for n in p.notes), p.notes
+    assert parse(v, "How many rentals returned in 2024?").filter == {
+        "return_date": {"$gte": "2024-01-01", "$lte": "2024-12-31"}
+    }
+    assert parse(v, "How many rentals drove more than 1000 miles?").filter == {
+        "distance_km": {"$gt": 1609}
+    }
+    assert parse(v, "rentals longer than 2 weeks").filter == {"duration_days": {"$gt": 14}}
+    assert parse(v, "rentals of more than 48 hours").filter == {"duration_days": {"$gt": 2}}
+    for q, key, descending in (
+        ("the 3 cheapest cars", "daily_rate", False),
+        ("the most expensive car", "daily_rate", True),
+    ):
+        p = parse(v, q)
+        assert p.rank_by is not None and (p.rank_by.key, p.rank_by.descending) == (
+            key,
+            descending,
+        ), (q, p)

@@ -24,7 +24,16 @@ def test_sweep_reports_every_configuration_and_writes_markdown_and_plot(
     assert rep.rows == 3_000 and rep.queries == 5
     bare = [r for r in rep.results if r.engine == "pgvector"]
     ours = [r for r in rep.results if r.engine == "pgrag"]
-    assert len(bare) == 4 * 2 * 2 and len(ours) == 4
+    columns = [r for r in rep.results if r.engine == sweep.COLUMNS_ENGINE]
+    assert len(bare) == 4 * 2 * 2 and len(ours) == 4 and len(columns) == 4
+    # the bare statement returning pgrag's columns finds what the bare statement finds
+    for col in columns:
+        same = next(
+            r
+            for r in bare
+            if r.selectivity == col.selectivity and r.ef_search == 40 and r.iterative
+        )
+        assert col.iterative and col.ef_search is not None and col.rows_mean == same.rows_mean
     assert {r.selectivity for r in ours} == set(synthetic.SELECTIVITIES)
     for r in ours:  # pgrag always returns k rows, exactly when the filter is selective
         assert r.rows_min == min(
@@ -56,6 +65,10 @@ def test_sweep_reports_every_configuration_and_writes_markdown_and_plot(
             assert rival and max(r.recall for r in rival) >= mine.recall - 0.005
             assert c.ratio == round(mine.p95_ms / c.bare_p95, 2)
             assert f"| {c.ratio:.2f}x |" in md
+        same = next(r for r in columns if r.selectivity == c.selectivity)
+        assert c.columns_p95 == same.p95_ms and c.columns_ratio == round(
+            mine.p95_ms / same.p95_ms, 2
+        )
 
 
 def test_compare_at_recall_picks_the_fastest_bare_row_at_that_recall() -> None:
