@@ -61,6 +61,30 @@ def _configure(conn: psycopg.Connection[Any], tenant: str | None = None) -> None
     conn.commit()
 
 
+def _alone(fn: Callable[[psycopg.Connection[Any]], _T]) -> Callable[[psycopg.Connection[Any]], _T]:
+    """``fn`` with its connection its own (``pgrag.search.exclusive``)."""
+    from pgrag.search import exclusive
+
+    def run(conn: psycopg.Connection[Any]) -> _T:
+        with exclusive(conn):
+            return fn(conn)
+
+    return run
+
+
+def _aalone(
+    fn: Callable[[psycopg.AsyncConnection[Any]], Awaitable[_T]],
+) -> Callable[[psycopg.AsyncConnection[Any]], Awaitable[_T]]:
+    """``_alone`` on asyncio."""
+    from pgrag.search import exclusive
+
+    async def run(conn: psycopg.AsyncConnection[Any]) -> _T:
+        with exclusive(conn):
+            return await fn(conn)
+
+    return run
+
+
 @dataclass(frozen=True)
 class StoreSettings:
     embedding_dim: int
@@ -308,7 +332,9 @@ class Client(_Replicated):
     ) -> _T:
         """``fn`` on a replica: each in turn at most once (one whose server fails under the
         read, or that is busy, passes it to the next), then on the primary (when none could,
-        when one is behind the caller's write, or without replicas)."""
+        when one is behind the caller's write, or without replicas). A pooled connection is
+        lent to one caller at a time: ``fn``'s searches run by their kept plans on it."""
+        fn = _alone(fn)
         replica_ok, lsn = self._reads.wanted(read_your_writes)
         if replica_ok:
             for i in self._rotation.order():
@@ -787,6 +813,7 @@ class AsyncClient(_Replicated):
         read_your_writes: bool | None,
     ) -> _T:
         """``Client._read`` on asyncio."""
+        fn = _aalone(fn)
         replica_ok, lsn = self._reads.wanted(read_your_writes)
         if replica_ok:
             for i in self._rotation.order():

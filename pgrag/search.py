@@ -19,12 +19,14 @@ check a filter, embed the question, and run the statement), so the two cannot dr
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING, Any, Literal, LiteralString, NamedTuple, TypedDict, Unpack
 
@@ -512,12 +514,32 @@ def _bound(step: _Search) -> tuple[Any, Any]:
     return step.params["text"], step.params["qvec"]
 
 
+# The connection a block of code uses alone (``exclusive``); None: none.
+_EXCLUSIVE: ContextVar[object | None] = ContextVar("pgrag_exclusive_connection", default=None)
+
+
+@contextlib.contextmanager
+def exclusive(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> Iterator[None]:
+    """Inside the block, searches on ``conn`` run by the connection's kept plans (docs/search.md,
+    "The client's plans"): the caller says that nothing else uses the connection meanwhile
+    (no other thread, no other asyncio task). A kept plan is a pipeline of several messages,
+    which another user of the connection would interleave with: psycopg lets threads share a
+    connection statement by statement, and without this a search is one statement. The
+    ``Client`` searches this way on its pooled connections."""
+    token = _EXCLUSIVE.set(conn)
+    try:
+        yield
+    finally:
+        _EXCLUSIVE.reset(token)
+
+
 def _may_plan_here(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
-    """The client runs a kept plan only on a connection outside any transaction: the plan's
-    settings are local to the transaction the search runs in, its own (one inside the
-    caller's would outlast the search)."""
+    """The client runs a kept plan only on a connection its caller uses alone (``exclusive``)
+    and outside any transaction: the plan's settings are local to the transaction the search
+    runs in, its own (one inside the caller's would outlast the search)."""
     return (
-        conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+        _EXCLUSIVE.get() is conn
+        and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         and conn.pgconn.pipeline_status == psycopg.pq.PipelineStatus.OFF
     )
 
@@ -529,6 +551,12 @@ _STALE_PLAN_CLASSES = ("0A", "22", "42")
 
 def _stale(exc: psycopg.Error) -> bool:
     return (exc.sqlstate or "")[:2] in _STALE_PLAN_CLASSES
+
+
+# "cached plan must not change result type" (0A000: a column the statement returns changed
+# type): the prepared statement would fail again under the same text. psycopg forgets its own
+# prepared statements when it sees this command (as at a rollback), and prepares them again.
+_DEALLOCATE: LiteralString = "deallocate all"
 
 
 _Step = _Embed | _Execute | _Search
@@ -654,6 +682,10 @@ def _search_by_plan(conn: psycopg.Connection[Any], step: _Search) -> list[_Row]:
     except psycopg.Error as exc:
         if kept is None or not _stale(exc) or not _may_plan_here(conn):
             raise
+        if isinstance(exc, psycopg.errors.FeatureNotSupported):
+            conn.execute(_DEALLOCATE)
+            if not conn.autocommit:
+                conn.commit()  # (the connection was outside any transaction before the search)
     _PLANS.forget(conn, step.shape)
     return _run_plan(conn, step, None)
 
@@ -667,12 +699,12 @@ def _run_plan(conn: psycopg.Connection[Any], step: _Search, kept: _KeptPlan | No
     try:
         with conn.pipeline():
             if kept is None:
-                with conn.cursor() as plan_cur:
+                with conn.cursor(row_factory=tuple_row) as plan_cur:
                     _adapt_vector_param(plan_cur.adapters)
                     row = plan_cur.execute(_PLAN, step.params, prepare=False).fetchone()
                 assert row is not None
                 kept = _PLANS.put(conn, step.shape, row)
-            conn.execute(kept.settings)
+            conn.cursor(row_factory=tuple_row).execute(kept.settings)
             cur = psycopg.RawCursor(conn, row_factory=args_row(_Row))
             _adapt_vector_param(cur.adapters)
             cur.execute(kept.statement, _bound(step), prepare=_prepare(conn, kept))
@@ -732,6 +764,10 @@ async def _asearch_by_plan(conn: psycopg.AsyncConnection[Any], step: _Search) ->
     except psycopg.Error as exc:
         if kept is None or not _stale(exc) or not _may_plan_here(conn):
             raise
+        if isinstance(exc, psycopg.errors.FeatureNotSupported):
+            await conn.execute(_DEALLOCATE)
+            if not conn.autocommit:
+                await conn.commit()
     _PLANS.forget(conn, step.shape)
     return await _arun_plan(conn, step, None)
 
@@ -745,13 +781,13 @@ async def _arun_plan(
     try:
         async with conn.pipeline():
             if kept is None:
-                async with conn.cursor() as plan_cur:
+                async with conn.cursor(row_factory=tuple_row) as plan_cur:
                     _adapt_vector_param(plan_cur.adapters)
                     await plan_cur.execute(_PLAN, step.params, prepare=False)
                     row = await plan_cur.fetchone()
                 assert row is not None
                 kept = _PLANS.put(conn, step.shape, row)
-            await conn.execute(kept.settings)
+            await conn.cursor(row_factory=tuple_row).execute(kept.settings)
             cur = psycopg.AsyncRawCursor(conn, row_factory=args_row(_Row))
             _adapt_vector_param(cur.adapters)
             await cur.execute(kept.statement, _bound(step), prepare=_prepare(conn, kept))
@@ -875,6 +911,7 @@ __all__ = [
     "astats",
     "context",
     "declare_stats",
+    "exclusive",
     "query_cache_for",
     "ranked",
     "search",

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -129,6 +130,12 @@ def test_a_filter_the_planner_expects_to_be_large_is_not_counted(synthetic_url: 
         conn.rollback()
 
 
+def _alone(conn: psycopg.Connection[Any], *args: Any, **kw: Any) -> s.SearchResult:
+    """A search on a connection its caller uses alone: by the connection's kept plan."""
+    with s.exclusive(conn):
+        return s.search(conn, *args, **kw)
+
+
 def _via_sql(conn: psycopg.Connection[Any], **kw: Any) -> s.SearchResult:
     """A search by the SQL API's path (pgrag._search, planned and prepared in the server),
     which the client takes on a connection inside a transaction."""
@@ -234,7 +241,7 @@ def test_every_vector_search_walks_the_graph_iteratively(synthetic_url: str) -> 
         # every similarity search runs pgrag._search; ranked orders by a key (no vector)
         assert all("pgrag._search(" in r[1] for r in bodies if r[0] != "ranked")
         conn.rollback()
-        s.search(conn, vector=q, model="synthetic", k=5, mode="vector")
+        _alone(conn, vector=q, model="synthetic", k=5, mode="vector")
         [(shape, kept)] = s._PLANS._by_conn[conn].items()
         assert b"'hnsw.iterative_scan', 'relaxed_order', true" in kept.settings
 
@@ -258,7 +265,7 @@ def test_the_client_keeps_a_plan_per_shape_and_runs_it_in_one_round_trip(
             if not autocommit:
                 conn.commit()
             for q in qs:
-                kept = s.search(conn, vector=q, model="synthetic", k=5, mode="vector",
+                kept = _alone(conn, vector=q, model="synthetic", k=5, mode="vector",
                                 filter=FILTERS["1%"])  # fmt: skip
                 assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
                 assert conn.autocommit is autocommit
@@ -276,7 +283,7 @@ def test_the_client_keeps_a_plan_per_shape_and_runs_it_in_one_round_trip(
             trace = conn.pgconn
             with tempfile.TemporaryFile("w+") as f:
                 trace.trace(f.fileno())
-                s.search(conn, vector=qs[0], model="synthetic", k=5, mode="vector",
+                _alone(conn, vector=qs[0], model="synthetic", k=5, mode="vector",
                          filter=FILTERS["1%"])  # fmt: skip
                 trace.untrace()
                 f.seek(0)
@@ -292,7 +299,7 @@ def test_the_client_keeps_a_plan_per_shape_and_runs_it_in_one_round_trip(
     # a connection that prepares nothing (behind a pooler in transaction mode) gets nothing
     with psycopg.connect(synthetic_url, autocommit=True, prepare_threshold=None) as conn:
         for q in qs[:2]:
-            s.search(conn, vector=q, model="synthetic", k=5, mode="vector", filter=FILTERS["1%"])
+            _alone(conn, vector=q, model="synthetic", k=5, mode="vector", filter=FILTERS["1%"])
         assert conn.execute("select count(*) from pg_prepared_statements").fetchone() == (0,)
 
 
@@ -309,7 +316,7 @@ def test_a_kept_plan_that_fails_is_planned_again_and_an_error_leaves_the_connect
     more. A search that fails leaves the connection out of any transaction."""
     q = _queries(1)[0]
     with psycopg.connect(synthetic_url, autocommit=True) as conn:
-        first = s.search(conn, vector=q, model="synthetic", k=5, mode="vector")
+        first = _alone(conn, vector=q, model="synthetic", k=5, mode="vector")
         shape = s._shape(_params(q, None))
         kept = s._PLANS._by_conn[conn][shape]
         # a stale plan: its statement names a function that no longer exists
@@ -319,18 +326,18 @@ def test_a_kept_plan_that_fails_is_planned_again_and_an_error_leaves_the_connect
             kept.prepare,
             kept.until,
         )
-        again = s.search(conn, vector=q, model="synthetic", k=5, mode="vector")
+        again = _alone(conn, vector=q, model="synthetic", k=5, mode="vector")
         assert [h.id for h in again.hits] == [h.id for h in first.hits]
         assert s._PLANS._by_conn[conn][shape].statement == kept.statement
         with pytest.raises(DimensionMismatch):
-            s.search(conn, vector=q[:10], model="synthetic", k=5, mode="vector")
+            _alone(conn, vector=q[:10], model="synthetic", k=5, mode="vector")
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     with psycopg.connect(synthetic_url) as conn:
         with pytest.raises(ModelMismatch):
-            s.search(conn, vector=q, model="another-model", k=5, mode="vector")
+            _alone(conn, vector=q, model="another-model", k=5, mode="vector")
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
         assert conn.autocommit is False
-        assert len(s.search(conn, vector=q, model="synthetic", k=5, mode="vector").hits) == 5
+        assert len(_alone(conn, vector=q, model="synthetic", k=5, mode="vector").hits) == 5
 
 
 def test_the_query_vector_reaches_any_cursor_and_connection(synthetic_url: str) -> None:
@@ -543,10 +550,13 @@ def test_async_search_runs_the_same_statement(synthetic_url: str) -> None:
 
     async def run() -> list[s.SearchResult]:
         async with await psycopg.AsyncConnection.connect(synthetic_url) as aconn:
-            got = [
-                await s.asearch(aconn, "item3", vector=q, model="synthetic", filter={"p10": True})
-                for _ in range(2)
-            ]
+            with s.exclusive(aconn):
+                got = [
+                    await s.asearch(
+                        aconn, "item3", vector=q, model="synthetic", filter={"p10": True}
+                    )
+                    for _ in range(2)
+                ]
             assert aconn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
             assert aconn.autocommit is False and len(s._PLANS._by_conn[aconn]) == 1
             async with aconn.transaction():
@@ -555,7 +565,7 @@ def test_async_search_runs_the_same_statement(synthetic_url: str) -> None:
                         aconn, "item3", vector=q, model="synthetic", filter={"p10": True}
                     )  # fmt: skip
                 )
-            with pytest.raises(ModelMismatch):
+            with pytest.raises(ModelMismatch), s.exclusive(aconn):
                 await s.asearch(aconn, "item3", vector=q, model="other", filter={"p10": True})
             assert aconn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
             return got
@@ -758,3 +768,84 @@ def test_context_returns_parent_and_siblings(shop: psycopg.Connection[Any]) -> N
     ctx = s.context(shop, row[0])
     relations = sorted((c.relation, c.source_key) for c in ctx)
     assert relations == [("chunk", "10"), ("parent", "1"), ("sibling", "11"), ("sibling", "12")]
+
+
+def test_a_connection_shared_by_threads_and_tasks_searches_one_statement_at_a_time(
+    synthetic_url: str,
+) -> None:
+    """A review of the kept plans: threads or asyncio tasks sharing one connection (psycopg
+    allows it) interleaved their pipelines: errors, a connection stuck, and async searches that
+    returned another task's hits. Without ``exclusive`` a search is one statement again, and a
+    connection with a row factory of its own still searches by its kept plan."""
+    qs = _queries(8)
+    with psycopg.connect(synthetic_url, autocommit=True) as conn:
+        want = [[h.id for h in s.search(conn, vector=q, model="synthetic", k=5, mode="vector",
+                                        filter=FILTERS["10%"]).hits] for q in qs]  # fmt: skip
+    got: dict[int, list[list[int]]] = {}
+    errors: list[BaseException] = []
+    with psycopg.connect(synthetic_url) as conn:
+
+        def worker(n: int) -> None:
+            try:
+                got[n] = [[h.id for h in s.search(conn, vector=q, model="synthetic", k=5,
+                                                  mode="vector", filter=FILTERS["10%"]).hits]
+                          for q in qs]  # fmt: skip
+            except BaseException as exc:  # noqa: BLE001 (reported below)
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(PATIENCE_S)
+        assert errors == [] and all(got[n] == want for n in range(4))
+        assert conn.execute("select 1").fetchone() == (1,)
+
+    async def tasks() -> list[list[list[int]]]:
+        async with await psycopg.AsyncConnection.connect(synthetic_url) as aconn:
+
+            async def one() -> list[list[int]]:
+                out = []
+                for q in qs:
+                    res = await s.asearch(aconn, vector=q, model="synthetic", k=5, mode="vector",
+                                          filter=FILTERS["10%"])  # fmt: skip
+                    out.append([h.id for h in res.hits])
+                return out
+
+            return list(await asyncio.gather(*(one() for _ in range(4))))
+
+    assert all(r == want for r in asyncio.run(tasks()))
+    with psycopg.connect(synthetic_url, row_factory=psycopg.rows.dict_row) as dict_conn:
+        for q in qs[:2]:
+            with s.exclusive(dict_conn):
+                res = s.search(dict_conn, vector=q, model="synthetic", k=5, mode="vector")
+            assert len(res.hits) == 5
+        assert dict_conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def test_a_kept_plan_whose_prepared_statement_changed_type_is_prepared_again(
+    synthetic_url: str,
+) -> None:
+    """The review: 'cached plan must not change result type' (0A000) came back at every
+    search of the shape, since psycopg ran the same prepared statement again. It is
+    deallocated and the search planned again."""
+    q = _queries(1)[0]
+    with psycopg.connect(synthetic_url) as conn:
+        first = _alone(conn, vector=q, model="synthetic", k=5, mode="vector")
+        shape = s._shape(_params(q, None))
+        kept = s._PLANS._by_conn[conn][shape]
+        conn.execute(
+            "create function pg_temp.changed() returns integer language plpgsql as $$ begin "
+            "raise exception using errcode = '0A000', message = 'cached plan must not change "
+            "result type'; end $$"
+        )
+        conn.commit()
+        s._PLANS._by_conn[conn][shape] = s._KeptPlan(
+            kept.statement.replace("from fused f", "from fused f, pg_temp.changed() x", 1),
+            kept.settings,
+            kept.prepare,
+            kept.until,
+        )
+        again = _alone(conn, vector=q, model="synthetic", k=5, mode="vector")
+        assert [h.id for h in again.hits] == [h.id for h in first.hits]
+        assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE

@@ -243,9 +243,10 @@ def pgrag_vector(
     conn: psycopg.Connection[Any], v: Any, flt: dict[str, Any], k: int
 ) -> SearchResult:
     """pgrag's filtered vector search with its defaults, as the sweep runs it."""
-    from pgrag.search import search
+    from pgrag.search import exclusive, search
 
-    return search(conn, vector=v, model="synthetic", filter=flt, k=k, mode="vector")
+    with exclusive(conn):  # (the sweep's own connection)
+        return search(conn, vector=v, model="synthetic", filter=flt, k=k, mode="vector")
 
 
 def tune_on_questions(url: str, k: int) -> str:
