@@ -671,17 +671,21 @@ def test_directions_units_codes_titles_and_words_of_less() -> None:
     assert parse(v, "What is the status of flight ZP474?").filter == {"flight_no": "ZP474"}
     assert parse(v, "How many visits did Dr Okafor have?").filter == {"vet_name": "Amara Okafor"}
     assert parse(v, "How many visits of neutered pets?").filter == {"is_neutered": True}
-    for q, key, descending in (
+    assert_ranks(
+        v,
         ("What is the cheapest flight?", "price", False),
         ("Which flight had the longest delay?", "delay_minutes", True),
         ("the 3 most expensive flights", "price", True),
         ("the least expensive flight", "price", False),
-    ):
+    )
+
+
+def assert_ranks(v: Vocabulary, *cases: tuple[str, str, bool]) -> None:
+    """Each question ranks by its key, largest first or not."""
+    for q, key, descending in cases:
         p = parse(v, q)
-        assert p.rank_by is not None and (p.rank_by.key, p.rank_by.descending) == (
-            key,
-            descending,
-        ), (q, p)
+        ranked = None if p.rank_by is None else (p.rank_by.key, p.rank_by.descending)
+        assert ranked == (key, descending), (q, p)
 
 
 def test_pickup_and_dropoff_several_dates_and_units_into_integer_keys() -> None:
@@ -736,12 +740,8 @@ def test_pickup_and_dropoff_several_dates_and_units_into_integer_keys() -> None:
     }
     assert parse(v, "rentals longer than 2 weeks").filter == {"duration_days": {"$gt": 14}}
     assert parse(v, "rentals of more than 48 hours").filter == {"duration_days": {"$gt": 2}}
-    for q, key, descending in (
+    assert_ranks(
+        v,
         ("the 3 cheapest cars", "daily_rate", False),
         ("the most expensive car", "daily_rate", True),
-    ):
-        p = parse(v, q)
-        assert p.rank_by is not None and (p.rank_by.key, p.rank_by.descending) == (
-            key,
-            descending,
-        ), (q, p)
+    )

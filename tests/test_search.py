@@ -10,6 +10,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -303,6 +304,12 @@ def test_the_client_keeps_a_plan_per_shape_and_runs_it_in_one_round_trip(
         assert conn.execute("select count(*) from pg_prepared_statements").fetchone() == (0,)
 
 
+def _plant(conn: psycopg.Connection[Any], shape: tuple[Any, ...], old: str, new: str) -> None:
+    """The connection's kept plan for ``shape``, its statement edited (old -> new)."""
+    kept = s._PLANS._by_conn[conn][shape]
+    s._PLANS._by_conn[conn][shape] = replace(kept, statement=kept.statement.replace(old, new, 1))
+
+
 def _params(q: Any, flt: dict[str, Any] | None, **kw: Any) -> dict[str, Any]:
     o = s.SearchOptions(vector=q, model="synthetic", k=5, mode="vector", filter=flt, **kw)
     return s._statement(o, None)[1]
@@ -319,13 +326,8 @@ def test_a_kept_plan_that_fails_is_planned_again_and_an_error_leaves_the_connect
         first = _alone(conn, vector=q, model="synthetic", k=5, mode="vector")
         shape = s._shape(_params(q, None))
         kept = s._PLANS._by_conn[conn][shape]
-        # a stale plan: its statement names a function that no longer exists
-        s._PLANS._by_conn[conn][shape] = s._KeptPlan(
-            kept.statement.replace("pgrag.chunks c", "pgrag.no_such_chunks c", 1),
-            kept.settings,
-            kept.prepare,
-            kept.until,
-        )
+        # a stale plan: its statement names a table that no longer exists
+        _plant(conn, shape, "pgrag.chunks c", "pgrag.no_such_chunks c")
         again = _alone(conn, vector=q, model="synthetic", k=5, mode="vector")
         assert [h.id for h in again.hits] == [h.id for h in first.hits]
         assert s._PLANS._by_conn[conn][shape].statement == kept.statement
@@ -833,19 +835,13 @@ def test_a_kept_plan_whose_prepared_statement_changed_type_is_prepared_again(
     with psycopg.connect(synthetic_url) as conn:
         first = _alone(conn, vector=q, model="synthetic", k=5, mode="vector")
         shape = s._shape(_params(q, None))
-        kept = s._PLANS._by_conn[conn][shape]
         conn.execute(
             "create function pg_temp.changed() returns integer language plpgsql as $$ begin "
             "raise exception using errcode = '0A000', message = 'cached plan must not change "
             "result type'; end $$"
         )
         conn.commit()
-        s._PLANS._by_conn[conn][shape] = s._KeptPlan(
-            kept.statement.replace("from fused f", "from fused f, pg_temp.changed() x", 1),
-            kept.settings,
-            kept.prepare,
-            kept.until,
-        )
+        _plant(conn, shape, "from fused f", "from fused f, pg_temp.changed() x")
         again = _alone(conn, vector=q, model="synthetic", k=5, mode="vector")
         assert [h.id for h in again.hits] == [h.id for h in first.hits]
         assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
