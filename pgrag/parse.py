@@ -187,6 +187,11 @@ _NUMBER_WORDS = {
 }
 _COUNT = r"(\d{1,4}|" + "|".join(_NUMBER_WORDS) + r")"
 _UNIT = r"(day|week|month|quarter|year)s?"
+_SEASON_RE = re.compile(
+    r"\b(?:spring|summer|autumn|fall|winter)(?:\s+(?:term\s+|semester\s+)?(?:of\s+)?"
+    r"(?:19|20)\d\d)\b",
+    re.I,
+)
 
 
 _NUMBER_RE = (
@@ -599,8 +604,14 @@ def parse_question(
         between = text[max(0, start - 40) : start][found[-1].end() :]
         return not re.search(r"[(),;:.!?]", between) and len(tokens(between)) <= 2
 
-    # 1. a time phrase
+    # 1. a time phrase; a season is none ("the spring of 2024": its months depend on where one
+    # is), and the year it names is not read alone unless a value holds the phrase (below)
     time_range = _time_range(text, today, lambda m: free(*m.span()))
+    season = _SEASON_RE.search(text)
+    if season is not None and time_range is not None:
+        begins = text.find(time_range.phrase)
+        if begins <= season.end() and begins + len(time_range.phrase) >= season.start():
+            time_range = None
     if time_range is not None:
         pos = text.find(time_range.phrase)
         take(pos, pos + len(time_range.phrase))
@@ -769,6 +780,11 @@ def parse_question(
         condition = {"$gte": low, "$lte": high} if op == "between" else {op: low}
         mentions.append(Mention(m.group(0).strip(), keys, condition, "comparison", m.span()))
         take(*m.span())
+
+    if season is not None and not any(
+        m.span[0] < season.end() and m.span[1] > season.start() for m in mentions
+    ):
+        notes.append(f"{season.group(0)!r}: a season is not read as dates, {NOT_FILTERED}")
 
     # 7. numbers asked for, and ranking
     rank = _rank(vocabulary, index, text, toks)

@@ -739,6 +739,15 @@ def test_pickup_and_dropoff_several_dates_and_units_into_integer_keys() -> None:
         "distance_km": {"$gt": 1609}
     }
     assert parse(v, "rentals longer than 2 weeks").filter == {"duration_days": {"$gt": 14}}
+    # a season is no dates (the tester's "in the spring of 2024" was read as all of 2024, "in
+    # summer 2023" as nothing, each with an exact answer and no note)
+    for q in ("How many rentals in the spring of 2024?", "How many rentals in summer 2023?"):
+        p = parse(v, q)
+        assert p.filter == {} and any("a season is not read as dates" in n for n in p.notes), p
+    seasons = Vocabulary.from_schemas(
+        {"course": {"semester": "text"}}, {"course": {"semester": ["Spring 2024", "Fall 2023"]}}
+    )
+    assert parse(seasons, "courses in Spring 2024").filter == {"semester": "Spring 2024"}
     assert parse(v, "rentals of more than 48 hours").filter == {"duration_days": {"$gt": 2}}
     assert_ranks(
         v,
