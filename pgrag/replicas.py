@@ -130,15 +130,23 @@ def is_server_failure(
     """Whether a read on a standby failed because of its server (gone, shutting down, in
     conflict with replay), so that another server may answer it; False for an error of the
     read itself (a bad filter, a statement timeout, a cancel)."""
-    if conn is not None and conn.broken:
+    if conn is not None and (conn.broken or conn.closed):
         return True
-    seen: BaseException | None = exc
-    while seen is not None:
+    # the error, what it was raised from, and what it was raised while handling: a pipeline
+    # the server left mid-way raises "cannot exit pipeline mode while busy" over the server's
+    # own shutdown error
+    todo: list[BaseException] = [exc]
+    walked: set[int] = set()  # (a cause may lead back: never walk one twice)
+    while todo:
+        seen = todo.pop()
+        if id(seen) in walked:
+            continue
+        walked.add(id(seen))
         if isinstance(seen, psycopg.Error):
             state = seen.sqlstate or ""
             if state.startswith("08") or state in _SERVER_STATES:
                 return True
-        seen = seen.__cause__
+        todo += [e for e in (seen.__cause__, seen.__context__) if e is not None]
     return False
 
 

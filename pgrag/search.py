@@ -28,7 +28,16 @@ from collections import OrderedDict
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, Literal, LiteralString, NamedTuple, TypedDict, Unpack
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Literal,
+    LiteralString,
+    NamedTuple,
+    NoReturn,
+    TypedDict,
+    Unpack,
+)
 
 import numpy as np
 import psycopg
@@ -398,6 +407,16 @@ def _database_error(exc: psycopg.Error) -> Exception:
     return exc
 
 
+def _raise_database_error(exc: psycopg.Error) -> NoReturn:
+    """``exc`` as pgrag's error (``_database_error``), or itself: never raised ``from`` itself
+    (a cause that is the exception itself made a loop of every walk along the causes: a
+    replica's check of a failed read spun there)."""
+    mapped = _database_error(exc)
+    if mapped is exc:
+        raise exc
+    raise mapped from exc
+
+
 _CHECK_FILTER: LiteralString = "select pgrag.check_filter(%(filter)s::jsonb, %(doc_types)s::text[])"
 
 
@@ -553,6 +572,9 @@ def _stale(exc: psycopg.Error) -> bool:
     return (exc.sqlstate or "")[:2] in _STALE_PLAN_CLASSES
 
 
+# A search's own transaction left open by an error (not a connection lost mid-statement).
+_UNFINISHED = (psycopg.pq.TransactionStatus.INTRANS, psycopg.pq.TransactionStatus.INERROR)
+
 # "cached plan must not change result type" (0A000: a column the statement returns changed
 # type): the prepared statement would fail again under the same text. psycopg forgets its own
 # prepared statements when it sees this command (as at a rollback), and prepares them again.
@@ -662,7 +684,7 @@ def _drive(
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
     except psycopg.Error as exc:
-        raise _database_error(exc) from exc
+        _raise_database_error(exc)
 
 
 def _execute(conn: psycopg.Connection[Any], step: _Execute) -> list[Any]:
@@ -709,11 +731,13 @@ def _run_plan(conn: psycopg.Connection[Any], step: _Search, kept: _KeptPlan | No
             _adapt_vector_param(cur.adapters)
             cur.execute(kept.statement, _bound(step), prepare=_prepare(conn, kept))
     except BaseException:
-        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        if conn.info.transaction_status in _UNFINISHED:
             conn.rollback()
         raise
     finally:
-        if manual:
+        # (a connection lost with the server, closed or still ACTIVE, is left as it is: setting
+        # it raised over the server's error, which told the replica's reader to go elsewhere)
+        if manual and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             conn.autocommit = False
     return cur.fetchall()
 
@@ -746,7 +770,7 @@ async def _adrive(
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
     except psycopg.Error as exc:
-        raise _database_error(exc) from exc
+        _raise_database_error(exc)
 
 
 async def _aexecute(conn: psycopg.AsyncConnection[Any], step: _Execute) -> list[Any]:
@@ -792,11 +816,11 @@ async def _arun_plan(
             _adapt_vector_param(cur.adapters)
             await cur.execute(kept.statement, _bound(step), prepare=_prepare(conn, kept))
     except BaseException:
-        if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        if conn.info.transaction_status in _UNFINISHED:
             await conn.rollback()
         raise
     finally:
-        if manual:
+        if manual and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             await conn.set_autocommit(False)
     return await cur.fetchall()
 
@@ -837,7 +861,7 @@ def declare_stats(conn: psycopg.Connection[Any], doc_type: str, stats_sql: str |
     try:
         conn.execute("select pgrag.declare_stats(%s, %s)", (doc_type, stats_sql))
     except psycopg.Error as exc:
-        raise _database_error(exc) from exc
+        _raise_database_error(exc)
 
 
 _STATS: LiteralString = "select pgrag.stats(%(filter)s::jsonb, %(doc_types)s::text[])"
@@ -854,7 +878,7 @@ def stats(
     try:
         row = conn.execute(_STATS, _check_filter_params(filter or {}, doc_types)).fetchone()
     except psycopg.Error as exc:
-        raise _database_error(exc) from exc
+        _raise_database_error(exc)
     return dict(row[0]) if row and row[0] else {}
 
 
@@ -869,7 +893,7 @@ async def astats(
         cur = await conn.execute(_STATS, _check_filter_params(filter or {}, doc_types))
         row = await cur.fetchone()
     except psycopg.Error as exc:
-        raise _database_error(exc) from exc
+        _raise_database_error(exc)
     return dict(row[0]) if row and row[0] else {}
 
 
@@ -881,7 +905,7 @@ def context(
         with conn.cursor(row_factory=class_row(ContextRow)) as cur:
             return cur.execute(_CONTEXT, (chunk_id, max_children)).fetchall()
     except psycopg.Error as exc:
-        raise _database_error(exc) from exc
+        _raise_database_error(exc)
 
 
 async def acontext(
@@ -893,7 +917,7 @@ async def acontext(
             await cur.execute(_CONTEXT, (chunk_id, max_children))
             return await cur.fetchall()
     except psycopg.Error as exc:
-        raise _database_error(exc) from exc
+        _raise_database_error(exc)
 
 
 __all__ = [

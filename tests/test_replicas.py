@@ -273,6 +273,27 @@ def test_only_the_servers_failures_move_a_read_to_another_server() -> None:
     wrapped = pgrag.PgragError("wrapped")
     wrapped.__cause__ = psycopg.errors.CrashShutdown("crash")
     assert is_server_failure(wrapped, None)
+    # a cause that leads back to itself (a search raised an unmapped error "from" itself, and a
+    # reader thread spun here when its standby stopped): the walk ends
+    looped = psycopg.errors.UndefinedTable("x")
+    looped.__cause__ = looped
+    assert not is_server_failure(looped, None)
+    # an error raised while handling the server's ("cannot exit pipeline mode while busy")
+    busy = psycopg.OperationalError("cannot exit pipeline mode while busy")
+    busy.__context__ = psycopg.errors.AdminShutdown("terminating connection")
+    assert is_server_failure(busy, None)
+    busy.__context__ = timeout
+    assert not is_server_failure(busy, None)
+
+
+def test_a_search_error_pgrag_does_not_map_is_raised_as_it_is() -> None:
+    """Not "from" itself: an unmapped error's cause stays what psycopg made it."""
+    from pgrag.search import _raise_database_error
+
+    exc = psycopg.errors.QueryCanceled("canceling statement")
+    with pytest.raises(psycopg.errors.QueryCanceled) as raised:
+        _raise_database_error(exc)
+    assert raised.value is exc and raised.value.__cause__ is not exc
 
 
 def test_a_read_that_fails_on_its_own_runs_once_and_leaves_the_replica_up(pair: Pair) -> None:
