@@ -318,6 +318,19 @@ _MONEY_WORDS = {
     "budget",
 }
 
+# Opposite states a yes/no key may be named by either of ("failed" is is_passed false, "won"
+# is is_lost false): English words, each way.
+_OPPOSITE_STATES = {
+    a: b
+    for x, y in (
+        ("fail", "pass"), ("failed", "passed"), ("failing", "passing"), ("fails", "passes"),
+        ("lose", "win"), ("lost", "won"), ("losing", "winning"),
+        ("reject", "accept"), ("rejected", "accepted"),
+        ("deny", "approve"), ("denied", "approved"),
+        ("absent", "present"),
+    )
+    for a, b in ((x, y), (y, x))
+}  # fmt: skip
 # Words of a date key that name when its event starts: of several date keys none of which the
 # question names, the time phrase is read on that one (with a note).
 _START_WORDS = frozenset(
@@ -1019,8 +1032,10 @@ def _object_of(text: str, end: int, mention: Mention) -> bool:
 
 
 def _unprefixed(word: str) -> str:
-    """A word without a negating prefix: unshipped -> shipped, nonrefundable -> refundable,
-    inactive -> active."""
+    """A word without a negating prefix (unshipped -> shipped, nonrefundable -> refundable,
+    inactive -> active), or the word of a yes/no it is the opposite of (failed -> passed)."""
+    if word in _OPPOSITE_STATES:
+        return _OPPOSITE_STATES[word]
     for prefix in ("non", "un", "in"):
         if word.startswith(prefix) and len(word) - len(prefix) >= 4:
             return word[len(prefix) :]

@@ -748,6 +748,14 @@ def test_pickup_and_dropoff_several_dates_and_units_into_integer_keys() -> None:
         {"course": {"semester": "text"}}, {"course": {"semester": ["Spring 2024", "Fall 2023"]}}
     )
     assert parse(seasons, "courses in Spring 2024").filter == {"semester": "Spring 2024"}
+    # "failed" is is_passed false (the tester's "How many enrollments failed?" counted all 540)
+    grades = Vocabulary.from_schemas({"enrollment": {"is_passed": "boolean"}}, {})
+    for q, flag in (
+        ("How many enrollments failed?", False),
+        ("How many failed enrollments?", False),
+        ("How many enrollments passed?", True),
+    ):
+        assert parse(grades, q).filter == {"is_passed": flag}, q
     assert parse(v, "rentals of more than 48 hours").filter == {"duration_days": {"$gt": 2}}
     assert_ranks(
         v,
