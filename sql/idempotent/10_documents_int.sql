@@ -187,14 +187,25 @@ return case when kind in ('sync', 'keys')
 
 create or replace function pgrag._session_roles()
 returns oid[]
-language sql stable security invoker
+language plpgsql stable security invoker
 set search_path = pg_catalog, pg_temp
+as $fn$
 -- The roles this session acts as or can return to: the role that logged in (SET SESSION
 -- AUTHORIZATION changes session_user, not it, and code run in the session can RESET back to
--- it), session_user and current_user.
-return array_remove(array[(select a.usesysid from pg_stat_get_activity(pg_backend_pid()) a),
-                          to_regrole(quote_ident(session_user))::oid,
-                          to_regrole(quote_ident(current_user))::oid], null);
+-- it), session_user and current_user, each once. (The login from the backend's own status
+-- entry: pg_stat_get_activity(pid) builds a row of 30 columns for it, 9 µs against 4; a
+-- writer's commit asks this three times. PL/pgSQL: a SQL function's call costs more than
+-- its query here.)
+begin
+    return array(select distinct u.r
+                   from unnest(array[(select pg_stat_get_backend_userid(b)
+                                        from pg_stat_get_backend_idset() b
+                                       where pg_stat_get_backend_pid(b) = pg_backend_pid()),
+                                     to_regrole(quote_ident(session_user))::oid,
+                                     to_regrole(quote_ident(current_user))::oid]) u(r)
+                  where u.r is not null);
+end
+$fn$;
 
 comment on function pgrag._session_roles() is
     'The roles a session acts as or can return to: its login, session_user, current_user';
@@ -203,13 +214,16 @@ comment on function pgrag._session_roles() is
 create or replace function pgrag._privileged_roles(only_beyond regrole default null)
 returns setof regrole
 language sql stable security invoker
-set search_path = pg_catalog, pg_temp
-as $$
 -- The privileged roles this session can act with (through a role of pgrag._session_roles): a
 -- superuser, pg_read_server_files, pg_write_server_files, pg_execute_server_program (the
 -- server's files and programs, as its OS account), the owner of schema pgrag (whose functions
 -- every session runs: code acting as it could replace them). only_beyond: leave out those that
 -- role may act as itself (it gains nothing from them).
+-- A SQL-standard body and no SET clause: its names are bound when it is created (no search_path
+-- can change what it calls), and the planner inlines it into the query that calls it (a
+-- writer's commit asks three times; a SET clause would make every call a function call of its
+-- own).
+begin atomic
 select distinct r.oid::regrole
   from pg_roles r, unnest(pgrag._session_roles()) u(oid)
  where (r.rolsuper
@@ -218,7 +232,7 @@ select distinct r.oid::regrole
         or r.oid = (select n.nspowner from pg_namespace n where n.nspname = 'pgrag'))
    and pg_has_role(u.oid, r.oid, 'MEMBER')
    and (only_beyond is null or not pg_has_role(only_beyond, r.oid, 'MEMBER'));
-$$;
+end;
 
 comment on function pgrag._privileged_roles(regrole) is
     'The privileged roles (superuser, server files or programs, pgrag''s owner) the session can '
@@ -241,15 +255,20 @@ comment on function pgrag._privileged_session() is
 
 create or replace function pgrag._may_run_declared(owner regrole)
 returns boolean
-language sql stable security invoker
+language plpgsql stable security invoker
 set search_path = pg_catalog, pg_temp
+as $fn$
 -- Whether this session may run SQL that role ``owner`` declared (its generated functions, its
 -- statistics parsed): not when the session can act with a privileged role (a superuser, the
 -- server's files or programs, pgrag's owner: pgrag._privileged_roles) that the owner may not
 -- act as itself. The declarer's code runs as itself there, but in that session: what it leaves
 -- behind (a search_path, a deferred trigger that fires at commit, a role reset to the
 -- session's own) acts with the session's rights, and no check after the call sees all of it.
-return not exists (select from pgrag._privileged_roles(owner));
+-- (PL/pgSQL keeps the plan, pgrag._privileged_roles inlined into it.)
+begin
+    return not exists (select from pgrag._privileged_roles(owner));
+end
+$fn$;
 
 comment on function pgrag._may_run_declared(regrole) is
     'Whether this session may run a role''s declared SQL (not where it could act with a '
@@ -285,33 +304,42 @@ comment on function pgrag._refuse_declared(regrole, text) is
 
 create or replace function pgrag._session_state()
 returns text
-language sql volatile security invoker
--- No SET clause, every name qualified: it reads the session as the code before it left it.
-as $$
+language plpgsql volatile security invoker
+-- No SET clause, every name and operator qualified: it reads the session as the code before it
+-- left it, and no search_path can change what it calls.
+as $fn$
 -- What a declarer's code running in another role's session could leave behind for that role's
 -- later statements (pgrag._check_generated_after; its prepared statements are compared there):
 -- the search_path (a non-local set_config outlives the function that sets it, SET clause or
 -- not), pgrag's own settings (pgrag.sync 'off' would skip the session's later renders), and
 -- temporary relations and types (a temp view named like the caller's table), counted only in a
 -- session that has a temporary schema (most have none: the count scans pg_class, 35 µs).
-select pg_catalog.concat_ws(E'\n',
-    pg_catalog.current_setting('search_path'),
-    pg_catalog.current_setting('pgrag.sync', true),
-    pg_catalog.current_setting('pgrag.tenant', true),
-    pg_catalog.current_setting('pgrag.pending', true),
-    pg_catalog.current_setting('pgrag.pending_full', true),
-    pg_catalog.current_setting('pgrag.marked', true),
-    pg_catalog.current_setting('pgrag.truncated', true),
-    pg_catalog.pg_my_temp_schema(),
-    case when pg_catalog.pg_my_temp_schema() operator(pg_catalog.<>) 0 then
+-- (PL/pgSQL: without a temporary schema it is one simple expression, 2 µs against a SQL
+-- function's 16; a writer's commit reads it six times.)
+declare
+    temp_schema oid := pg_catalog.pg_my_temp_schema();
+    settings text := pg_catalog.concat_ws(E'\n',
+        pg_catalog.current_setting('search_path'),
+        pg_catalog.current_setting('pgrag.sync', true),
+        pg_catalog.current_setting('pgrag.tenant', true),
+        pg_catalog.current_setting('pgrag.pending', true),
+        pg_catalog.current_setting('pgrag.pending_full', true),
+        pg_catalog.current_setting('pgrag.marked', true),
+        pg_catalog.current_setting('pgrag.truncated', true),
+        temp_schema);
+begin
+    if temp_schema operator(pg_catalog.=) 0 then
+        return settings;
+    end if;
+    return pg_catalog.concat_ws(E'\n', settings,
         pg_catalog.concat(
             (select pg_catalog.count(*) from pg_catalog.pg_class c
-              where c.relnamespace operator(pg_catalog.=) pg_catalog.pg_my_temp_schema()),
+              where c.relnamespace operator(pg_catalog.=) temp_schema),
             '/',
             (select pg_catalog.count(*) from pg_catalog.pg_type t
-              where t.typnamespace operator(pg_catalog.=) pg_catalog.pg_my_temp_schema()))
-    end)
-$$;
+              where t.typnamespace operator(pg_catalog.=) temp_schema)));
+end
+$fn$;
 
 comment on function pgrag._session_state() is
     'What code run in this session could leave for its later statements (search_path, temp '
@@ -320,12 +348,16 @@ comment on function pgrag._session_state() is
 
 create or replace function pgrag._prepared_statements()
 returns jsonb
-language sql volatile security invoker
+language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
+as $fn$
 -- The session's prepared statements, each as name@prepare_time (one made again has another
 -- time): what pgrag._check_generated records and pgrag._check_generated_after compares.
-return (select coalesce(jsonb_agg(s.name || '@' || s.prepare_time order by s.name), '[]')
-          from pg_prepared_statements s);
+begin
+    return (select coalesce(jsonb_agg(s.name || '@' || s.prepare_time order by s.name), '[]')
+              from pg_prepared_statements s);
+end
+$fn$;
 
 comment on function pgrag._prepared_statements() is
     'The session''s prepared statements (name@prepare_time), to compare before and after a call';
@@ -333,13 +365,17 @@ comment on function pgrag._prepared_statements() is
 
 create or replace function pgrag._generated_version(name text)
 returns text
-language sql stable security invoker
+language plpgsql stable security invoker
 set search_path = pg_catalog, pg_temp
+as $fn$
 -- What makes pgrag_docs.<name> run as whom: its oid, security definer flag and owner (not its
 -- row version, which a migration regenerating it changes too). NULL: no such function.
-return (select min(p.oid::text || ':' || p.prosecdef::text || ':' || p.proowner::text)
-          from pg_proc p
-         where p.pronamespace = 'pgrag_docs'::regnamespace and p.proname = name);
+begin
+    return (select min(p.oid::text || ':' || p.prosecdef::text || ':' || p.proowner::text)
+              from pg_proc p
+             where p.pronamespace = 'pgrag_docs'::regnamespace and p.proname = name);
+end
+$fn$;
 
 comment on function pgrag._generated_version(text) is
     'A generated function''s oid, definer flag and owner, compared around a call';
@@ -347,12 +383,16 @@ comment on function pgrag._generated_version(text) is
 
 create or replace function pgrag._session_token()
 returns jsonb
-language sql volatile security invoker
+language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
+as $fn$
 -- The session before pgrag runs a declarer's code in it: pgrag._session_state(), and the
 -- prepared statements (pgrag._undo_prepared deallocates those made since).
-return jsonb_build_object('state', pgrag._session_state(),
-                          'prepared', pgrag._prepared_statements());
+begin
+    return jsonb_build_object('state', pgrag._session_state(),
+                              'prepared', pgrag._prepared_statements());
+end
+$fn$;
 
 comment on function pgrag._session_token() is
     'The session''s state and prepared statements, before a declarer''s code runs in it';
@@ -376,29 +416,36 @@ as $fn$
 -- function run as whom, the session's state, its prepared statements.
 declare
     f record;
+    g record;  -- (what is wrong, for the message)
 begin
     perform pgrag._refuse_declared(owner, 'pgrag_docs.' || name);
-    select count(*) as n, min(p.oid::regprocedure::text) as fn,
-           bool_and(p.prosecdef) as definer, bool_and(p.proowner = owner) as owned,
-           string_agg(distinct p.proowner::regrole::text, ', ') as owners
+    -- (a writer's commit runs this three times: the names and owners for the messages below
+    -- are read only when something is wrong)
+    select count(*) as n, bool_and(p.prosecdef and p.proowner = owner) as as_generated
       into f
       from pg_proc p
      where p.pronamespace = 'pgrag_docs'::regnamespace and p.proname = name;
     if f.n = 0 then
         return null;
     end if;
-    if f.n > 1 then
-        raise exception using errcode = 'PR003',
-            message = format('pgrag_docs.%I has %s functions of that name (owned by %s): '
-                             'pgrag calls only the one it generated', name, f.n, f.owners),
-            hint = format('drop the others (their owner or a superuser: \df pgrag_docs.%I '
-                          'lists them), then run pgrag rebuild', name);
-    end if;
-    if not f.definer or not f.owned then
+    if f.n > 1 or not f.as_generated then
+        select count(*) as n, min(p.oid::regprocedure::text) as fn,
+               bool_and(p.proowner = owner) as owned,
+               string_agg(distinct p.proowner::regrole::text, ', ') as owners
+          into g
+          from pg_proc p
+         where p.pronamespace = 'pgrag_docs'::regnamespace and p.proname = name;
+        if g.n > 1 then
+            raise exception using errcode = 'PR003',
+                message = format('pgrag_docs.%I has %s functions of that name (owned by %s): '
+                                 'pgrag calls only the one it generated', name, g.n, g.owners),
+                hint = format('drop the others (their owner or a superuser: \df pgrag_docs.%I '
+                              'lists them), then run pgrag rebuild', name);
+        end if;
         raise exception using errcode = 'PR003',
             message = format('%s was altered: it %s, so pgrag will not run it for other roles',
-                             f.fn, case when not f.owned
-                                        then format('belongs to %s, not to %s', f.owners, owner)
+                             g.fn, case when not g.owned
+                                        then format('belongs to %s, not to %s', g.owners, owner)
                                         else 'runs as its caller (security invoker)' end),
             hint = format('declare the type again as %s, which regenerates it', owner);
     end if;
