@@ -121,6 +121,24 @@ def test_a_move_committed_while_waiting_is_found_again(
         assert documents.verify(conn) == []
 
 
+def test_a_move_committed_after_the_statement_is_found_at_commit(
+    shop: str, holder: psycopg.Connection[Any]
+) -> None:
+    """The statement's trigger finds order 12's item at customer 1 (its key query runs there);
+    before it commits, another transaction moves order 12 to customer 2 and commits, rendering
+    customer 2 without the first one's uncommitted change. At the first one's commit, a
+    transaction having committed since its statement, the key query runs again and finds
+    customer 2."""
+    holder.execute("update shop.order_items set quantity = 5 where order_item_id = 103")
+    with psycopg.connect(shop, autocommit=True) as other:
+        other.execute("update shop.orders set customer_id = 2 where order_id = 12")
+    assert "Bluetooth Headphones x5" not in profile(shop, "2")
+    holder.commit()
+    assert "Bluetooth Headphones x5" in profile(shop, "2")
+    with psycopg.connect(shop) as conn:
+        assert documents.verify(conn) == []
+
+
 @pytest.mark.parametrize("sync", ["commit", "queue"])
 def test_truncate_while_another_commits_does_not_deadlock(
     shop: str, holder: psycopg.Connection[Any], sync: str
@@ -187,15 +205,37 @@ def test_each_key_query_runs_once_per_statement(db_url: str) -> None:
             "select coalesce(sum(calls), 0) from pg_stat_xact_user_functions "
             "where schemaname = 'pgrag_docs' and funcname like %s"
         )
+        moved = "select pgrag._committed_between(%s, pg_current_snapshot())"
         with conn.transaction():
+            before = conn.execute("select pg_current_snapshot()").fetchone()
             conn.execute("update shop.order_items set quantity = 4 where order_item_id = 103")
             conn.execute("select pgrag.sync_now()")
-            # order_detail's key query reads `changed` alone: it ran inside the trigger, once;
-            # customer_profile's reads shop.orders: it ran once, over the recorded rows
+            # both key queries ran inside their triggers, once, over the statement's rows:
+            # order_detail's reads `changed` alone; customer_profile's reads shop.orders, and
+            # unless a transaction (autovacuum's ANALYZE, say) committed between the statement
+            # and the render, the commit does not ask it again over the recorded rows
             keys = conn.execute(calls, ("keys_customer_profile_%",)).fetchone()
             syncs = conn.execute(calls, ("sync_%",)).fetchone()
             stores = conn.execute(calls, ("store_%",)).fetchone()
-        assert keys == (1,) and syncs == (2,) and stores == (2,)
+            meanwhile = conn.execute(moved, before).fetchone()
+        assert syncs == (2,) and stores == (2,)
+        assert keys == (0,) or meanwhile == (True,)
+        with conn.transaction():
+            conn.execute("update shop.order_items set quantity = 5 where order_item_id = 103")
+            with psycopg.connect(db_url, autocommit=True) as other:  # commits meanwhile
+                other.execute("update shop.customers set segment = 'VIP' where customer_id = 3")
+            conn.execute("select pgrag.sync_now()")
+            # it may have moved the row to another customer: asked again at the render
+            keys = conn.execute(calls, ("keys_customer_profile_%",)).fetchone()
+        assert keys is not None and keys[0] >= 1
+        with conn.transaction():  # rows of more than one entry: the key query runs at commit
+            conn.execute(
+                "insert into shop.order_items (order_item_id, order_id, product_id, quantity, "
+                "unit_price) select 100000 + g, 12, 2, 1, 80 from generate_series(1, 1001) g"
+            )
+            conn.execute("select pgrag.sync_now()")
+            keys = conn.execute(calls, ("keys_customer_profile_%",)).fetchone()
+        assert keys is not None and keys[0] >= 1
         reads: dict[str, str] = dict(
             conn.execute(
                 "select doc_type || ' ' || source_table::text, coalesce(reads::text, 'null') "

@@ -326,6 +326,8 @@ declare
         pg_catalog.current_setting('pgrag.pending_full', true),
         pg_catalog.current_setting('pgrag.marked', true),
         pg_catalog.current_setting('pgrag.truncated', true),
+        pg_catalog.current_setting('pgrag.keyed_at', true),
+        pg_catalog.current_setting('pgrag.rows_unkeyed', true),
         temp_schema);
 begin
     if temp_schema operator(pg_catalog.=) 0 then
@@ -1615,6 +1617,40 @@ comment on function pgrag._record(text, text[], regclass, text, text, boolean) i
     'Record the documents a statement changed: for its commit, or for the worker (queue)';
 
 
+create or replace function pgrag._record_keys_found(doc_type text, keys text[],
+                                                    source_table regclass, op text,
+                                                    taken_after pg_snapshot)
+returns void
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+#variable_conflict use_variable
+-- For a commit: the keys a statement's trigger found for rows it recorded (a key query that
+-- reads other tables, run over the statement's transition rows after snapshot taken_after;
+-- NULL: it did not run, or failed). The earliest such snapshot of the transaction is kept in
+-- the setting pgrag.keyed_at; one statement whose keys were not found sets
+-- pgrag.rows_unkeyed. pgrag.sync_now then asks the key queries over the recorded rows only if
+-- a statement's keys are missing, or a transaction committed after that snapshot (it may have
+-- moved a recorded row to another document; pgrag._moved_meanwhile).
+begin
+    if taken_after is null then
+        perform set_config('pgrag.rows_unkeyed', 'on', true);
+        return;
+    end if;
+    if coalesce(current_setting('pgrag.keyed_at', true), '') = '' then
+        perform set_config('pgrag.keyed_at', taken_after::text, true);
+    end if;
+    if cardinality(keys) > 0 then
+        perform pgrag._record(doc_type, keys, source_table, null, op, false);
+    end if;
+end
+$fn$;
+
+comment on function pgrag._record_keys_found(text, text[], regclass, text, pg_snapshot) is
+    'Record the keys a statement found for the rows it recorded, and the snapshot they were '
+    'found after (pgrag.sync_now asks again only if a transaction committed since)';
+
+
 create or replace function pgrag._create_sync_function(doc_type text, source_table regclass)
 returns void
 language plpgsql volatile security invoker
@@ -1643,6 +1679,7 @@ declare
     mode text;
     owner regrole;
     keys_sql text := E'select array_agg(distinct q.k::text) into keys from (%s\n) as q(k) where q.k is not null';
+    found text;
     body text;
 begin
     select w.key_query, w.reads, d.owner, d.sync into strict kq, reads, owner, mode
@@ -1680,18 +1717,22 @@ begin
                 return keys;
             end
             $body$, source_table, format(keys_sql, kq))));
-    if reads is not null and cardinality(reads) = 0 then
-        -- (a key query that fails, as one naming a table renamed since, never fails the
-        -- write: pgrag._keys_failed queues the type whole and warns)
-        body := format($b$
-            begin
+    -- The key query over the statement's transition rows (`changed`), into keys: it runs here
+    -- for a key query over `changed` alone, and for one that reads other tables too when the
+    -- statement's rows fit one entry (below).
+    found := format($k$
                 if tg_op = 'INSERT' then
                     with changed as (select * from pgrag_new) %1$s;
                 elsif tg_op = 'UPDATE' then
                     with changed as (select * from pgrag_new union all select * from pgrag_old) %1$s;
                 else
                     with changed as (select * from pgrag_old) %1$s;
-                end if;
+                end if;$k$, format(keys_sql, kq));
+    if reads is not null and cardinality(reads) = 0 then
+        -- (a key query that fails, as one naming a table renamed since, never fails the
+        -- write: pgrag._keys_failed queues the type whole and warns)
+        body := format($b$
+            begin%1$s
             exception
                 when others then
                     if pgrag._contention(sqlstate) then
@@ -1702,8 +1743,14 @@ begin
             end;
             if cardinality(keys) > 0 then
                 perform pgrag._record(%2$L, keys, tg_relid, null, tg_op, queue);
-            end if;$b$, format(keys_sql, kq), doc_type);
+            end if;$b$, found, doc_type);
     else
+        -- The rows are recorded (1,000 to an entry) for the key query to run on a snapshot that
+        -- sees what other transactions committed meanwhile: at commit, or in the worker. For a
+        -- commit, a statement of one entry (most are) also runs it here, with the snapshot it
+        -- was taken after (pgrag._record_keys_found): if no transaction commits before the
+        -- commit's document locks, the commit asks nothing again (pgrag.sync_now); here it
+        -- needs no call guard and no rows parsed back from text.
         body := format($b$
             if tg_op = 'INSERT' then
                 perform pgrag._record(%1$L, null, tg_relid, b.rows, tg_op, queue)
@@ -1724,7 +1771,22 @@ begin
                            from (select row(pgrag_r.*) as r,
                                         (row_number() over () - 1) / 1000 as g
                                    from pgrag_old pgrag_r) x group by x.g) b;
-            end if;$b$, doc_type);
+            end if;
+            get diagnostics entries = row_count;
+            if not queue and entries > 0 then
+                taken_after := case when entries = 1 then pg_current_snapshot() end;
+                if taken_after is not null then
+                    begin%2$s
+                    exception
+                        when others then
+                            if pgrag._contention(sqlstate) then
+                                raise;
+                            end if;
+                            taken_after := null;  -- asked again at commit, which says why
+                    end;
+                end if;
+                perform pgrag._record_keys_found(%1$L, keys, tg_relid, tg_op, taken_after);
+            end if;$b$, doc_type, found);
     end if;
     perform pgrag._create_generated(pgrag._generated('sync', doc_type, source_table), '',
         format($f$
@@ -1740,12 +1802,14 @@ begin
         #variable_conflict use_column
         -- security definer, owned by the role that declared the type: the key query runs as
         -- that role, whoever writes the table. (A column of the key query named like a
-        -- variable, `mode`, `queue` or `keys`, is the column there; pgrag's own statements
-        -- name no table column.)
+        -- variable, `mode`, `queue`, `keys`, `entries` or `taken_after`, is the column there;
+        -- pgrag's own statements name no table column.)
         declare
             mode text := coalesce(nullif(current_setting('pgrag.sync', true), ''), %1$L);
             queue boolean := mode = 'queue';
             keys text[];
+            entries bigint;
+            taken_after pg_snapshot;
         begin
             if mode = 'off' then
                 return null;

@@ -814,14 +814,17 @@ comment on function pgrag.vocabulary(integer) is
 -- in the transaction's memory, rows and many keys in the unlogged pgrag.sync_queue, and the
 -- transaction's marker in pgrag.sync_pending, whose constraint trigger is DEFERRABLE INITIALLY
 -- DEFERRED: it fires once, at commit, and runs pgrag.sync_now:
---   1. the key queries that read other tables run over the recorded rows (once);
+--   1. the key queries that read other tables run over the recorded rows (once), unless each
+--      statement's trigger ran them over its own rows (a statement of up to 1,000 rows does,
+--      pgrag._record_keys_found) and no transaction committed since;
 --   2. a transaction that truncated a watched table, or holds an ACCESS EXCLUSIVE lock on one
 --      (LOCK TABLE) renders nothing: a render by another transaction may be waiting for that
 --      lock while holding a document lock; its documents go to the render queue (the worker
 --      renders them once it has committed);
 --   3. the documents' locks, all at once, in the one global order (pgrag._lock_documents):
 --      renders of different documents never wait for each other;
---   4. if a transaction committed between step 1 and now, the key queries of step 1 again: it
+--   4. if a transaction committed between step 1 (or the statements' own key queries) and now,
+--      the key queries over the recorded rows again: it
 --      may have moved a row to a document step 1 did not find (its render could not see this
 --      transaction's change). Locks of what they add are only tried (they are out of order);
 --      what is held elsewhere goes to the render queue. Repeated until nothing committed;
@@ -851,6 +854,7 @@ declare
     has_rows boolean;
     entries refcursor;
     before_keys pg_snapshot;
+    keyed_at pg_snapshot;  -- the statements' key queries ran after it (NULL: not all ran)
     n bigint;
 begin
     if me is null then
@@ -860,6 +864,17 @@ begin
     if pending is not null then
         perform set_config('pgrag.pending', '', true);
         perform set_config('pgrag.pending_full', '', true);
+    end if;
+    keyed_at := nullif(current_setting('pgrag.keyed_at', true), '')::pg_snapshot;
+    if keyed_at is not null then
+        perform set_config('pgrag.keyed_at', '', true);
+    end if;
+    if current_setting('pgrag.rows_unkeyed', true) = 'on' then
+        perform set_config('pgrag.rows_unkeyed', '', true);
+        keyed_at := null;
+    end if;
+    if keyed_at is not null and pgrag._committed_between(keyed_at, pg_current_snapshot()) then
+        keyed_at := null;  -- a row may have moved since: asked again, before the locks (step 1)
     end if;
     if current_setting('pgrag.marked', true) <> '' then
         perform set_config('pgrag.marked', '', true);
@@ -880,10 +895,12 @@ begin
              where s.xid = me and s.changed is null
              group by s.doc_type) x;
 
-    -- 1. the key queries over the recorded rows (of types not rendered whole)
+    -- 1. the key queries over the recorded rows (of types not rendered whole), unless every
+    --    statement ran them already and nothing committed since (keyed_at): step 4 then asks
+    --    again if a transaction commits before the locks are taken
     has_rows := exists (select from pgrag.sync_queue s where s.xid = me and s.changed is not null);
-    before_keys := pg_current_snapshot();
-    if has_rows then
+    before_keys := coalesce(keyed_at, pg_current_snapshot());
+    if has_rows and keyed_at is null then
         open entries for select s.doc_type, s.source_table, s.changed as rows
                            from pgrag.sync_queue s
                           where s.xid = me and s.changed is not null
