@@ -305,8 +305,8 @@ comment on function pgrag._refuse_declared(regrole, text) is
 create or replace function pgrag._session_state()
 returns text
 language plpgsql volatile security invoker
--- No SET clause, every name and operator qualified: it reads the session as the code before it
--- left it, and no search_path can change what it calls.
+-- No SET clause, every name, type and operator qualified: it reads the session as the code
+-- before it left it, and no search_path can change what it calls.
 as $fn$
 -- What a declarer's code running in another role's session could leave behind for that role's
 -- later statements (pgrag._check_generated_after; its prepared statements are compared there):
@@ -317,8 +317,12 @@ as $fn$
 -- (PL/pgSQL: without a temporary schema it is one simple expression, 2 µs against a SQL
 -- function's 16; a writer's commit reads it six times.)
 declare
-    temp_schema oid := pg_catalog.pg_my_temp_schema();
-    settings text := pg_catalog.concat_ws(E'\n',
+    -- (types qualified too: PL/pgSQL resolves them when it compiles the function, in the
+    -- caller's search_path, and a migration's CREATE OR REPLACE makes the next call compile
+    -- it again, there a declarer's code may have left a domain named `oid` with a CHECK of its
+    -- own: found by review)
+    temp_schema pg_catalog.oid := pg_catalog.pg_my_temp_schema();
+    settings pg_catalog.text := pg_catalog.concat_ws(E'\n',
         pg_catalog.current_setting('search_path'),
         pg_catalog.current_setting('pgrag.sync', true),
         pg_catalog.current_setting('pgrag.tenant', true),
@@ -400,6 +404,47 @@ comment on function pgrag._session_token() is
     'The session''s state and prepared statements, before a declarer''s code runs in it';
 
 
+create or replace function pgrag._definer_now(name text, expected oid)
+returns boolean
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+-- Whether pgrag_docs.<name>, as a call would find it now, is still the function `expected`
+-- and a security definer, read from the catalog cache, which sees every committed change. A
+-- query on pg_proc sees the catalog as of the transaction's snapshot: in a REPEATABLE READ or
+-- SERIALIZABLE transaction, an ALTER FUNCTION ... SECURITY INVOKER (or a drop and a new
+-- function) committed after it began went unseen, and the call ran the declarer's code as the
+-- caller (found by review). to_regproc finds the one function of that name (NULL: none, or
+-- more than one); pg_get_functiondef prints its options on the line after LANGUAGE (line 4,
+-- when the argument list and result hold no line break), and anything else there (a SET, a
+-- TRANSFORM line, an aggregate) counts as not a definer: pgrag refuses, it never guesses.
+declare
+    now_oid oid := to_regproc(format('pgrag_docs.%I', name));
+    options text;
+begin
+    if now_oid is distinct from expected
+       or strpos(pg_get_function_arguments(now_oid), E'\n') > 0
+       or strpos(pg_get_function_result(now_oid), E'\n') > 0 then
+        return false;
+    end if;
+    begin
+        if split_part(pg_get_functiondef(now_oid), E'\n', 3) !~ '^ LANGUAGE [a-z0-9_]+$' then
+            return false;
+        end if;
+        options := split_part(pg_get_functiondef(now_oid), E'\n', 4);
+    exception when others then
+        return false;  -- (an aggregate or a procedure has no such definition)
+    end;
+    return options ~ '^( (WINDOW|IMMUTABLE|STABLE|STRICT|LEAKPROOF|PARALLEL SAFE|PARALLEL RESTRICTED|SECURITY DEFINER|COST [0-9.]+|ROWS [0-9.]+))+$'
+       and options ~ ' SECURITY DEFINER( |$)';
+end
+$fn$;
+
+comment on function pgrag._definer_now(text, oid) is
+    'Whether a generated function is still the same security definer in the catalog as it is '
+    'now (for REPEATABLE READ and SERIALIZABLE transactions, whose snapshot hides changes)';
+
+
 select pgrag._drop_if_changed(to_regprocedure('pgrag._check_generated(text, regrole)'), 'jsonb');
 
 create or replace function pgrag._check_generated(name text, owner regrole)
@@ -423,12 +468,23 @@ begin
     perform pgrag._refuse_declared(owner, 'pgrag_docs.' || name);
     -- (a writer's commit runs this three times: the names and owners for the messages below
     -- are read only when something is wrong)
-    select count(*) as n, bool_and(p.prosecdef and p.proowner = owner) as as_generated
+    select count(*) as n, bool_and(p.prosecdef and p.proowner = owner) as as_generated,
+           min(p.oid) as fn
       into f
       from pg_proc p
      where p.pronamespace = 'pgrag_docs'::regnamespace and p.proname = name;
     if f.n = 0 then
         return null;
+    end if;
+    if f.n = 1 and f.as_generated
+       and current_setting('transaction_isolation') <> 'read committed'
+       and not pgrag._definer_now(name, f.fn) then
+        raise exception using errcode = 'PR003',
+            message = format('pgrag_docs.%I changed after this %s transaction began: pgrag will '
+                             'not run it there, where it cannot see how', name,
+                             upper(current_setting('transaction_isolation'))),
+            hint = 'run it in a READ COMMITTED transaction; if the function was altered, '
+                   'declare the type again as its owner';
     end if;
     if f.n > 1 or not f.as_generated then
         select count(*) as n, min(p.oid::regprocedure::text) as fn,
@@ -508,6 +564,10 @@ begin
         return;
     end if;
     now_version := pgrag._generated_version(name);
+    if current_setting('transaction_isolation') <> 'read committed'
+       and not pgrag._definer_now(name, split_part(before ->> 'version', ':', 1)::oid) then
+        now_version := null;  -- (altered while it ran, as the catalog is now)
+    end if;
     if now_version is distinct from before ->> 'version'
        or state is distinct from before ->> 'state'
        or pgrag._prepared_statements() is distinct from before -> 'prepared' then

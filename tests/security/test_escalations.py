@@ -670,3 +670,50 @@ def test_a_type_re_declared_by_another_role_takes_over_none_of_its_statistics(sc
             "and not tgisinternal"
         ).fetchone() == (0,)
         conn.execute("update attack.things set name = name || '.'")  # the store still writes
+
+
+def test_a_repeatable_read_transaction_runs_no_function_altered_after_it_began(
+    scene: Scene,
+) -> None:
+    """A sixth review: pgrag's checks read pg_proc through the transaction's snapshot, and a
+    REPEATABLE READ transaction's snapshot is its first statement's. The declarer altered its
+    store function to SECURITY INVOKER after the application's transaction began: the check
+    saw the old definer, the call ran the new definition, as the application. Now such a
+    transaction asks the catalog as it is (pgrag._definer_now), and refuses."""
+    _declare_evil_things(scene)
+    with psycopg.connect(scene.victim, autocommit=True) as conn:
+        conn.execute("delete from attack.ran")  # (its declaration ran it, as itself)
+    with psycopg.connect(scene.app) as conn:
+        conn.execute("set transaction isolation level repeatable read")
+        conn.execute("select 1")  # the snapshot
+        with psycopg.connect(scene.attacker, autocommit=True) as attacker:
+            attacker.execute("alter function pgrag_docs.store_things(text[]) security invoker")
+        refresh = "select pgrag.refresh('things', on_error => 'raise')"
+        with pytest.raises(psycopg.Error, match="changed after this REPEATABLE READ"):
+            conn.execute(refresh)
+        conn.rollback()
+        # a transaction begun after the change sees it as any read committed one does
+        with pytest.raises(psycopg.Error, match="security invoker"):
+            conn.execute(refresh)
+    assert scene.ran_as() <= {scene.role}
+
+
+def test_the_session_state_reader_compiles_no_type_of_a_declarers_search_path(
+    scene: Scene,
+) -> None:
+    """pgrag._session_state has no SET clause (it reads the caller's search_path), so PL/pgSQL
+    compiles it in whatever search_path the session has: a migration's CREATE OR REPLACE made
+    the next call, right after a declarer's code left `attack` first in the path, compile its
+    `oid` variable as the declarer's domain, whose CHECK then ran as the caller at every guarded
+    call (found by review). Its types are qualified."""
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        conn.execute(
+            f"create domain attack.oid as pg_catalog.oid check ({scene.schema}.evil() = 1); "
+            f"create domain attack.text as pg_catalog.text check ({scene.schema}.evil() = 1)"
+        )
+    with psycopg.connect(scene.victim, autocommit=True) as conn:
+        conn.execute("delete from attack.ran")
+    with psycopg.connect(scene.app, autocommit=True) as conn:  # a new backend: compiled here
+        conn.execute("set search_path = attack, pg_catalog")
+        assert conn.execute("select pgrag._session_state()").fetchone() is not None
+    assert scene.ran_as() == set()
