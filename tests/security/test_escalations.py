@@ -717,3 +717,51 @@ def test_the_session_state_reader_compiles_no_type_of_a_declarers_search_path(
         conn.execute("set search_path = attack, pg_catalog")
         assert conn.execute("select pgrag._session_state()").fetchone() is not None
     assert scene.ran_as() == set()
+
+
+def test_a_generated_function_missing_at_the_check_is_not_called(scene: Scene) -> None:
+    """A seventh review: the check returned "no such function" and its callers called anyway,
+    so a function the declarer created after the check (after the transaction's snapshot, in
+    REPEATABLE READ, every time) ran unchecked, as a security invoker, as the caller: a
+    reader's or an application's statistics. A missing function is refused now."""
+    _declare_evil_things(scene)
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        conn.execute("drop function pgrag_docs.stats_things(jsonb, text[])")
+    with psycopg.connect(scene.victim, autocommit=True) as conn:
+        conn.execute("delete from attack.ran")
+    with psycopg.connect(scene.app) as conn:
+        conn.execute("set transaction isolation level repeatable read")
+        conn.execute("select 1")  # the snapshot: no stats_things
+        with psycopg.connect(scene.attacker, autocommit=True) as attacker:
+            attacker.execute(
+                "create function pgrag_docs.stats_things(filter jsonb, doc_types text[], "
+                "out stats jsonb, out cached boolean) language plpgsql security invoker as $$ "
+                f"begin perform {scene.schema}.evil(); stats := '{{}}'; cached := false; end $$"
+            )
+        with pytest.raises(psycopg.Error, match="stats_things does not exist"):
+            conn.execute("select pgrag.stats()")
+        conn.rollback()
+    assert scene.ran_as() <= {scene.role}
+
+
+def test_a_generated_function_flipped_and_back_while_it_runs_is_undone(scene: Scene) -> None:
+    """The same review: altered to SECURITY INVOKER and back while it ran, the function's
+    oid, definer flag and owner were as before, and the after-check saw nothing (766 of 15,421
+    calls in a race ran as the caller, their effects kept). The row version is compared too.
+    Forged deterministically: the body flips its own function and back while it runs."""
+    flips = (
+        "create or replace function pgrag_docs.store_things(keys text[]) returns bigint "
+        "language plpgsql security definer set search_path = pg_catalog, pg_temp as $$"
+        "begin execute 'alter function pgrag_docs.store_things(text[]) security invoker'; "
+        "execute 'alter function pgrag_docs.store_things(text[]) security definer'; "
+        "return 0; end $$"
+    )
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        declare_things(conn)
+        conn.execute(flips)
+    with psycopg.connect(scene.app, autocommit=True) as conn:
+        conn.execute("select pgrag.refresh('things', array['1'])")
+        (message,) = conn.execute(
+            "select message from pgrag.render_errors where doc_type = 'things'"
+        ).fetchone() or ("",)
+        assert "was altered while it ran" in message, message
