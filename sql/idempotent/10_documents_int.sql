@@ -377,12 +377,14 @@ as $fn$
 -- pgrag_docs.<name> as its catalog row is now: its oid, security definer flag, owner and row
 -- version. The row version, since an ALTER to SECURITY INVOKER and back, both committed while
 -- the function ran, left the other three as they were, and the call went unseen (found by
--- review: 766 of 15,421 calls in a race). A migration regenerating the function while it runs
--- changes it too: that call is refused (PR003, recorded as the document's render error) and
--- the next one runs. NULL: no such function.
+-- review: 766 of 15,421 calls in a race). Its ctid, not its xmin: every new version of the
+-- row takes another place (the old one stays while the caller's snapshot may see it), where a
+-- VACUUM freezing the row changes its xmin. A migration regenerating the function while it
+-- runs changes it too: that call is refused (PR003, recorded as the document's render error)
+-- and the next one runs. NULL: no such function.
 begin
     return (select min(p.oid::text || ':' || p.prosecdef::text || ':' || p.proowner::text
-                       || ':' || p.xmin::text)
+                       || ':' || p.ctid::text)
               from pg_proc p
              where p.pronamespace = 'pgrag_docs'::regnamespace and p.proname = name);
 end
