@@ -427,23 +427,26 @@ as $fn$
 -- TRANSFORM line, an aggregate) counts as not a definer: pgrag refuses, it never guesses.
 declare
     now_oid oid := to_regproc(format('pgrag_docs.%I', name));
+    def text;
     options text;
 begin
     if now_oid is distinct from expected
-       or strpos(pg_get_function_arguments(now_oid), E'\n') > 0
-       or strpos(pg_get_function_result(now_oid), E'\n') > 0 then
-        return false;
+       or coalesce(strpos(pg_get_function_arguments(now_oid), E'\n'), 1) > 0
+       or coalesce(strpos(pg_get_function_result(now_oid), E'\n'), 1) > 0 then
+        return false;  -- (NULL anywhere here: gone meanwhile, refused as well)
     end if;
     begin
-        if split_part(pg_get_functiondef(now_oid), E'\n', 3) !~ '^ LANGUAGE [a-z0-9_]+$' then
-            return false;
-        end if;
-        options := split_part(pg_get_functiondef(now_oid), E'\n', 4);
+        def := pg_get_functiondef(now_oid);
     exception when others then
         return false;  -- (an aggregate or a procedure has no such definition)
     end;
-    return options ~ '^( (WINDOW|IMMUTABLE|STABLE|STRICT|LEAKPROOF|PARALLEL SAFE|PARALLEL RESTRICTED|SECURITY DEFINER|COST [0-9.]+|ROWS [0-9.]+))+$'
-       and options ~ ' SECURITY DEFINER( |$)';
+    if coalesce(split_part(def, E'\n', 3) !~ '^ LANGUAGE [a-z0-9_]+$', true) then
+        return false;
+    end if;
+    options := split_part(def, E'\n', 4);
+    return coalesce(options ~ ('^( (WINDOW|IMMUTABLE|STABLE|STRICT|LEAKPROOF|PARALLEL SAFE'
+                               '|PARALLEL RESTRICTED|SECURITY DEFINER|COST [0-9.]+|ROWS [0-9.]+))+$')
+                    and options ~ ' SECURITY DEFINER( |$)', false);
 end
 $fn$;
 
@@ -475,7 +478,8 @@ begin
     perform pgrag._refuse_declared(owner, 'pgrag_docs.' || name);
     -- (a writer's commit runs this three times: the names and owners for the messages below
     -- are read only when something is wrong)
-    select count(*) as n, bool_and(p.prosecdef and p.proowner = owner) as as_generated,
+    select count(*) as n,
+           coalesce(bool_and(p.prosecdef and p.proowner = owner), false) as as_generated,
            min(p.oid) as fn
       into f
       from pg_proc p
