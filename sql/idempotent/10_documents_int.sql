@@ -1056,17 +1056,30 @@ begin
         execute format('select pgrag_docs.%I($1::text[])', fn) into n using keys;
         perform pgrag._check_generated_after(fn, checked, pgrag._session_state());
     exception
+        when query_canceled or assert_failure then
+            -- (which `when others` does not catch: statements a failing call prepared would
+            -- outlive it, and run as the caller: found by review)
+            perform pgrag._undo_prepared(checked);
+            raise;
         when sqlstate 'PR008' then
-            -- a superuser's write or keyed refresh of a writer's type: its documents go to the
-            -- worker (which must run as a non-superuser), committed with the write
-            if keys is null then
+            perform pgrag._undo_prepared(checked);
+            if checked is not null then
+                -- raised by the declared code itself, not by pgrag's check: a failed render
+                if on_error = 'raise' and keys is null then
+                    raise;
+                end if;
+                n := null;
+            elsif keys is null then
                 raise;
+            else
+                -- a privileged session's write or keyed refresh of another role's type: its
+                -- documents go to the worker (which must run unprivileged), with the write
+                perform pgrag._defer(jsonb_build_object(doc_type, to_jsonb(keys)));
+                raise warning using message = format('pgrag: %s', sqlerrm),
+                    detail = format('%s document(s) of %s were queued for the worker instead',
+                                    cardinality(keys), doc_type);
+                return 0;
             end if;
-            perform pgrag._defer(jsonb_build_object(doc_type, to_jsonb(keys)));
-            raise warning using message = format('pgrag: %s', sqlerrm),
-                detail = format('%s document(s) of %s were queued for the worker instead',
-                                cardinality(keys), doc_type);
-            return 0;
         when others then
             perform pgrag._undo_prepared(checked);
             if pgrag._contention(sqlstate) then
@@ -1125,6 +1138,11 @@ begin
          where e.doc_type = _store_halves.doc_type and e.source_key = any(keys);
         return n;
     exception
+        when query_canceled or assert_failure then
+            -- (which `when others` does not catch: statements a failing call prepared would
+            -- outlive it, and run as the caller: found by review)
+            perform pgrag._undo_prepared(checked);
+            raise;
         when others then
             perform pgrag._undo_prepared(checked);
             if pgrag._contention(sqlstate) then
@@ -1513,6 +1531,9 @@ begin
                     execute format('select pgrag_docs.%I($1)', fn) into keys using batch;
                     perform pgrag._check_generated_after(fn, checked, pgrag._session_state());
                 exception
+                    when query_canceled or assert_failure then
+                        perform pgrag._undo_prepared(checked);  -- (as in pgrag._store)
+                        raise;
                     when others then
                         perform pgrag._undo_prepared(checked);
                         if pgrag._contention(sqlstate) then

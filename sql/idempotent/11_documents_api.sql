@@ -510,7 +510,7 @@ begin
         perform pgrag._check_generated_after(fn, checked, pgrag._session_state());
         return found;
     exception
-        when query_canceled then
+        when query_canceled or assert_failure then  -- (not caught by `when others`)
             perform pgrag._undo_prepared(checked);
             raise;
         when others then
@@ -631,9 +631,10 @@ begin
     begin
         return query execute format('select k from pgrag_docs.%I() k', fn);
         perform pgrag._check_generated_after(fn, checked, pgrag._session_state());
-    exception when others then
-        perform pgrag._undo_prepared(checked);  -- (a rollback keeps them)
-        raise;
+    exception
+        when others or query_canceled or assert_failure then  -- (others: not the two)
+            perform pgrag._undo_prepared(checked);  -- (a rollback keeps them)
+            raise;
     end;
 end
 $fn$;

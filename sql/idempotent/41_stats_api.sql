@@ -104,9 +104,10 @@ begin
             execute format('select * from pgrag_docs.%I($1::jsonb, $2::text[])', fn)
                into one using filter, stats_detail.doc_types;
             perform pgrag._check_generated_after(fn, checked, pgrag._session_state());
-        exception when others then
-            perform pgrag._undo_prepared(checked);  -- (a rollback keeps them)
-            raise;
+        exception
+            when others or query_canceled or assert_failure then  -- (others: not the two)
+                perform pgrag._undo_prepared(checked);  -- (a rollback keeps them)
+                raise;
         end;
         doc_type := t.doc_type;
         stats := one.stats;

@@ -756,3 +756,52 @@ def test_a_generated_function_missing_at_the_check_is_not_called(scene: Scene) -
             conn.execute("select pgrag.stats()")
         conn.rollback()
     assert scene.ran_as() <= {scene.role}
+
+
+@pytest.mark.parametrize(
+    "fails_with",
+    [
+        "raise exception using errcode = 'query_canceled'",
+        "assert false",
+        "raise exception using errcode = 'PR008'",
+    ],
+)
+def test_a_failing_call_leaves_no_prepared_statement_of_its_own(
+    scene: Scene, fails_with: str
+) -> None:
+    """An eighth review: the declarer's store replaced the session's prepared statements and
+    then failed in a way pgrag's `when others` handlers do not catch (a cancel, an ASSERT), or
+    raised PR008, which pgrag took for its own privileged-session refusal: the statements it
+    prepared outlived the call, and the application's next run of its own statement ran the
+    declarer's code as the application. Every failed call deallocates what it prepared."""
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        declare_things(conn)
+        conn.execute(
+            "create function attack.swap() returns void language plpgsql as $$ "
+            "declare r record; begin "
+            "for r in select name, parameter_types from pg_prepared_statements loop "
+            "execute format('deallocate %I', r.name); "
+            "execute format('prepare %I(%s) as select "
+            f"{scene.schema}.evil()', r.name, "
+            "array_to_string(r.parameter_types::text[], ',')); "
+            "end loop; end $$; grant usage on schema attack to public".encode()
+        )
+        conn.execute(
+            "create or replace function pgrag_docs.store_things(keys text[]) returns bigint "
+            "language plpgsql security definer set search_path = pg_catalog, pg_temp as $$ "
+            f"begin perform attack.swap(); {fails_with}; return 0; end $$".encode()
+        )
+    with psycopg.connect(scene.victim, autocommit=True) as conn:
+        conn.execute("delete from attack.ran")
+    with psycopg.connect(scene.app, autocommit=True) as conn:
+        for refresh in ("select pgrag.refresh('things', array['1'])",
+                        "update attack.things set name = name || '!' where id = 1"):  # fmt: skip
+            conn.execute("deallocate all")
+            conn.execute("prepare q(integer) as select $1")
+            with contextlib.suppress(psycopg.Error):  # (a cancel or an ASSERT goes through)
+                conn.execute(refresh.encode())
+            # the declarer's q is deallocated with its call (the application's is gone too:
+            # the call deallocated it; it is never the declarer's that runs)
+            with contextlib.suppress(psycopg.errors.InvalidSqlStatementName):
+                assert conn.execute("execute q(7)").fetchone() == (7,)
+    assert scene.ran_as() <= {scene.role}
