@@ -205,7 +205,7 @@ begin
     exception
         when sqlstate 'PR0RB' then
             null;
-        when others then
+        when others or query_canceled or assert_failure then  -- (others: not the two)
             perform pgrag._undo_prepared(before);
             raise;
     end;
