@@ -311,11 +311,13 @@ as $fn$
 -- What a declarer's code running in another role's session could leave behind for that role's
 -- later statements (pgrag._check_generated_after; its prepared statements are compared there):
 -- the search_path (a non-local set_config outlives the function that sets it, SET clause or
--- not), pgrag's own settings (pgrag.sync 'off' would skip the session's later renders), and
--- temporary relations and types (a temp view named like the caller's table), counted only in a
--- session that has a temporary schema (most have none: the count scans pg_class, 35 µs).
--- (PL/pgSQL: without a temporary schema it is one simple expression, 2 µs against a SQL
--- function's 16; a writer's commit reads it six times.)
+-- not), pgrag's own settings (pgrag.sync 'off' would skip the session's later renders), the
+-- open cursors (a WITH HOLD cursor runs its query at the caller's commit, as the caller: found
+-- by review), and the temporary relations and types, each by oid (a temp view named like the
+-- caller's table; counted, they let a DISCARD TEMP and as many new objects pass: found by
+-- review), read only in a session that has a temporary schema (most have none: it scans
+-- pg_class, 35 µs). (PL/pgSQL: without a temporary schema it is two simple expressions,
+-- about 3 µs against a SQL function's 16; a writer's commit reads it six times.)
 declare
     -- (types qualified too: PL/pgSQL resolves them when it compiles the function, in the
     -- caller's search_path, and a migration's CREATE OR REPLACE makes the next call compile
@@ -332,18 +334,21 @@ declare
         pg_catalog.current_setting('pgrag.truncated', true),
         pg_catalog.current_setting('pgrag.keyed_at', true),
         pg_catalog.current_setting('pgrag.rows_unkeyed', true),
-        temp_schema);
+        temp_schema,
+        (select pg_catalog.string_agg(pg_catalog.concat(c.name, '@', c.creation_time, '@',
+                                                        c.is_holdable), ',' order by c.name)
+           from pg_catalog.pg_cursors c));
 begin
     if temp_schema operator(pg_catalog.=) 0 then
         return settings;
     end if;
     return pg_catalog.concat_ws(E'\n', settings,
-        pg_catalog.concat(
-            (select pg_catalog.count(*) from pg_catalog.pg_class c
-              where c.relnamespace operator(pg_catalog.=) temp_schema),
-            '/',
-            (select pg_catalog.count(*) from pg_catalog.pg_type t
-              where t.typnamespace operator(pg_catalog.=) temp_schema)));
+        (select pg_catalog.string_agg(c.oid::pg_catalog.text, ',' order by c.oid)
+           from pg_catalog.pg_class c
+          where c.relnamespace operator(pg_catalog.=) temp_schema),
+        (select pg_catalog.string_agg(t.oid::pg_catalog.text, ',' order by t.oid)
+           from pg_catalog.pg_type t
+          where t.typnamespace operator(pg_catalog.=) temp_schema));
 end
 $fn$;
 

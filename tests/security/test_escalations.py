@@ -805,3 +805,42 @@ def test_a_failing_call_leaves_no_prepared_statement_of_its_own(
             with contextlib.suppress(psycopg.errors.InvalidSqlStatementName):
                 assert conn.execute("execute q(7)").fetchone() == (7,)
     assert scene.ran_as() <= {scene.role}
+
+
+def test_a_call_leaves_no_held_cursor_nor_temporary_objects_of_its_own(scene: Scene) -> None:
+    """A ninth review: the session state compared around a call missed a WITH HOLD cursor
+    the declarer's code declared (PostgreSQL runs its query at the caller's commit, as the
+    caller), and counted temporary objects, so a DISCARD TEMP followed by as many objects of
+    its own (a view named like the caller's temporary table) passed. Open cursors and the
+    temporary objects' oids are compared now."""
+    _declare_evil_things(scene)
+    calls = {
+        "stats": (
+            "create or replace function pgrag_docs.stats_things(filter jsonb, doc_types "
+            "text[], out stats jsonb, out cached boolean) language plpgsql security definer "
+            "set search_path = pg_catalog, pg_temp as $$ begin execute 'declare held cursor "
+            f"with hold for select {scene.schema}.evil()'; stats := '{{}}'; cached := false; "
+            "end $$",
+            "select pgrag.stats()",
+        ),
+        "store": (
+            "create or replace function pgrag_docs.store_things(keys text[]) returns bigint "
+            "language plpgsql security definer set search_path = pg_catalog, pg_temp as $$ "
+            "begin discard temp; execute 'create temp view foo as select "
+            f"{scene.schema}.evil() as x'; execute 'grant all on foo to public'; return 0; "
+            "end $$",
+            "select pgrag.refresh('things', on_error => 'raise')",
+        ),
+    }
+    for replace, call in calls.values():
+        with psycopg.connect(scene.attacker, autocommit=True) as conn:
+            conn.execute(replace.encode())
+        with psycopg.connect(scene.victim, autocommit=True) as conn:
+            conn.execute("delete from attack.ran")
+        with psycopg.connect(scene.app, autocommit=True) as conn:
+            conn.execute("create temp table foo (x integer); insert into foo values (1)")
+            with pytest.raises(psycopg.Error, match="changed this session"):
+                conn.execute(call.encode())
+            assert conn.execute("select x from foo").fetchone() == (1,)  # the caller's own
+            assert conn.execute("select count(*) from pg_cursors").fetchone() == (0,)
+        assert scene.ran_as() <= {scene.role}
