@@ -673,10 +673,16 @@ as $fn$
 -- reader role: readers), never by PUBLIC. A function of the same name with other arguments
 -- (a release that changed them) is dropped first; one of another result is dropped by the
 -- generating function (CREATE OR REPLACE cannot change it).
+-- A function already as it would be made (the same definition, grants and owner, a security
+-- definer: its comment holds the definition's fingerprint) is left as it is: every migration
+-- regenerates every type's functions, and a new catalog row under a call running meanwhile
+-- makes the call guard refuse it (pgrag._generated_version compares the row's version).
 declare
     s pgrag.settings;
     fn regprocedure;
     old regprocedure;
+    pinned text := pgrag._pin_output_settings(ddl);
+    fingerprint text;
 begin
     perform pgrag._claim_generated(name);
     for old in select p.oid::regprocedure from pg_proc p
@@ -689,13 +695,24 @@ begin
                                         with ordinality u(t, i))) loop
         execute format('drop function %s', old);
     end loop;
-    execute pgrag._pin_output_settings(ddl);
-    fn := format('pgrag_docs.%I(%s)', name, args)::regprocedure;
     select * into strict s from pgrag.settings;
+    fingerprint := 'pgrag generated ' || md5(concat_ws(E'\n', pinned, readers, s.writer_role,
+                                                       s.reader_role));
+    fn := to_regprocedure(format('pgrag_docs.%I(%s)', name, args));
+    if fn is not null and obj_description(fn, 'pg_proc') = fingerprint
+       and exists (select from pg_proc p
+                    where p.oid = fn and p.prosecdef
+                      and p.proowner = (select r.oid from pg_roles r
+                                         where r.rolname = current_user)) then
+        return;
+    end if;
+    execute pinned;
+    fn := format('pgrag_docs.%I(%s)', name, args)::regprocedure;
     execute format('revoke all on function %s from public', fn);
     execute format('grant execute on function %s to %s', fn,
                    case when readers then format('%I, %I', s.writer_role, s.reader_role)
                         else quote_ident(s.writer_role) end);
+    execute format('comment on function %s is %L', fn, fingerprint);
 end
 $fn$;
 
