@@ -333,7 +333,6 @@ declare
         pg_catalog.current_setting('pgrag.marked', true),
         pg_catalog.current_setting('pgrag.truncated', true),
         pg_catalog.current_setting('pgrag.keyed_at', true),
-        pg_catalog.current_setting('pgrag.rows_unkeyed', true),
         temp_schema,
         (select pg_catalog.string_agg(pg_catalog.concat(c.name, '@', c.creation_time, '@',
                                                         c.is_holdable), ',' order by c.name)
@@ -1748,19 +1747,18 @@ as $fn$
 -- For a commit: the keys a statement's trigger found for rows it recorded (a key query that
 -- reads other tables, run over the statement's transition rows after snapshot taken_after;
 -- NULL: it did not run, or failed). The earliest such snapshot of the transaction is kept in
--- the setting pgrag.keyed_at; one statement whose keys were not found sets
--- pgrag.rows_unkeyed. pgrag.sync_now then asks the key queries over the recorded rows only if
--- a statement's keys are missing, or a transaction committed after that snapshot (it may have
--- moved a recorded row to another document; pgrag._moved_meanwhile).
+-- the setting pgrag.keyed_at, or 'unkeyed' once one statement's keys were not found (for
+-- good: a later statement's snapshot does not make up for it). pgrag.sync_now then asks the
+-- key queries over the recorded rows only if a statement's keys are missing, or a transaction
+-- committed after that snapshot (it may have moved a recorded row to another document;
+-- pgrag._moved_meanwhile).
 begin
     if taken_after is null then
-        perform set_config('pgrag.rows_unkeyed', 'on', true);
-        return;
-    end if;
-    if coalesce(current_setting('pgrag.keyed_at', true), '') = '' then
+        perform set_config('pgrag.keyed_at', 'unkeyed', true);
+    elsif coalesce(current_setting('pgrag.keyed_at', true), '') = '' then
         perform set_config('pgrag.keyed_at', taken_after::text, true);
     end if;
-    if cardinality(keys) > 0 then
+    if taken_after is not null and cardinality(keys) > 0 then
         perform pgrag._record(doc_type, keys, source_table, null, op, false);
     end if;
 end

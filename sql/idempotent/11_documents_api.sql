@@ -866,13 +866,9 @@ begin
         perform set_config('pgrag.pending', '', true);
         perform set_config('pgrag.pending_full', '', true);
     end if;
-    keyed_at := nullif(current_setting('pgrag.keyed_at', true), '')::pg_snapshot;
-    if keyed_at is not null then
+    if coalesce(current_setting('pgrag.keyed_at', true), '') <> '' then
+        keyed_at := nullif(current_setting('pgrag.keyed_at', true), 'unkeyed')::pg_snapshot;
         perform set_config('pgrag.keyed_at', '', true);
-    end if;
-    if current_setting('pgrag.rows_unkeyed', true) = 'on' then
-        perform set_config('pgrag.rows_unkeyed', '', true);
-        keyed_at := null;
     end if;
     if keyed_at is not null and pgrag._committed_between(keyed_at, pg_current_snapshot()) then
         keyed_at := null;  -- a row may have moved since: asked again, before the locks (step 1)
