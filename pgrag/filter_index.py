@@ -771,14 +771,7 @@ def rebuild_and_tune(
     try:
         with psycopg.connect(url, autocommit=True) as conn, mapped_database_errors():
             register_vector(conn)
-            return done, tuning.tune(
-                conn,
-                target=tuning.AUTO_TARGET,
-                chunk_target=tuning.AUTO_CHUNK_TARGET,
-                tuned_by=tuned_by,
-                store_best=True,
-                should_stop=should_stop,
-            )
+            return done, tuning.auto_tune(conn, tuned_by=tuned_by, should_stop=should_stop)
     except tuning.TuneStopped:
         return done, None
     except (PgragError, psycopg.Error) as exc:
