@@ -262,14 +262,31 @@ def tune_on_questions(url: str, k: int) -> str:
     return f"`pgrag tune` on {res.queries} held-out {res.source} ({ladder}): {chosen}"
 
 
-def worker_tuning(url: str) -> str:
-    """What the worker does after embedding a store (``tune.maybe_tune``: measure ef_search
-    when none was or the store doubled), as a note with the measurement searches now use."""
-    from pgrag import tune
+def worker_tuning(url: str, progress: Progress | None = None) -> str:
+    """What the worker does after embedding a store (``Worker._maybe_tune``: measure ef_search
+    when none was or the store doubled; when no value reached the target and the store has
+    outgrown its graph, rebuild the store index for its size and measure again), as a note
+    with the measurement searches now use."""
+    from pgrag import filter_index, tune
 
+    rebuilt = ""
     with psycopg.connect(url, autocommit=True) as conn:
         register_vector(conn)
-        tune.maybe_tune(conn)
+        measured = tune.maybe_tune(conn)
+        if (
+            measured is not None
+            and measured.chosen is None
+            and filter_index.graph_behind(conn) is not None
+        ):
+            started = time.perf_counter()
+            done, _ = filter_index.rebuild_and_tune(
+                url, tuned_by="worker", progress=_relabel(progress, "store index rebuild")
+            )
+            rebuilt = (
+                f"; the worker then rebuilt the store index for the store's size (m {done.m}, "
+                f"ef_construction {done.ef_construction}, {time.perf_counter() - started:,.0f} s"
+                f", {done.size_bytes / 2**20:,.0f} MB) and measured again"
+            )
         row = conn.execute(
             "select ef_search, recall, chunks, source, best_ef_search, target "
             "from pgrag.tuning order by id desc limit 1"
@@ -284,7 +301,7 @@ def worker_tuning(url: str) -> str:
     )
     return (
         f"out of the box (the worker's measurement after embedding, on {row[3]} of the store, "
-        f"at {row[2]:,} chunks): {chosen}"
+        f"at {row[2]:,} chunks){rebuilt}: {chosen}"
     )
 
 
@@ -824,7 +841,7 @@ def run(
         url = size_database(base_url, n, hnsw_m, hnsw_ef_construction)
         seconds = ensure_loaded(url, n, reload)
         indexes = set_filter_indexes(url, filter_indexes, progress)
-        tuned = tune_on_questions(url, k) if tune else worker_tuning(url)
+        tuned = tune_on_questions(url, k) if tune else worker_tuning(url, progress)
         rep = sweep_size(url, queries=queries, k=k, progress=progress)
         reports.append(
             dataclasses.replace(rep, tuned=tuned, load_seconds=seconds, filter_indexes=indexes)
