@@ -13,6 +13,10 @@ round, the same script and seconds:
   commit  the default: the documents a transaction changed are rendered at its commit
   queue   the triggers record the keys; a worker renders them meanwhile (its render lag, queued
           to rendered, and the queue left at the end are reported)
+  store   (only when asked: --modes ... store) the floor of any same-transaction design: with
+          pgrag.sync = off, the same transaction also updates the two document rows the write
+          changes (the order's and its customer's chunk, text changed, embedding cleared) with
+          plain UPDATEs: no render, no key query, no lock, no bookkeeping
 
 With ``--rates``, pgbench offers that many transactions per second in all (``-R``; 0: as many
 as the writers can), each rate a run of its own: at a rate the writers can sustain, the queue
@@ -48,6 +52,25 @@ SCRIPT = (
     "\\set id random(1, :max_item)\n"
     "update shop.order_items set quantity = quantity % 9 + 1 where order_item_id = :id;\n"
 )
+# The store mode's statement: the write and the writes of its two documents' rows, in one
+# statement as the write is (no extra round trip), as the commit's store makes them: the text
+# changes, so the tsvector, the GIN index over it and every btree index take the new row
+# version, and the vector is cleared for the worker. The metadata stays as it was (the real
+# store changes it too): a lower bound.
+STORE_SCRIPT = (
+    "\\set id random(1, :max_item)\n"
+    "\\set q random(0, 9)\n"
+    "with i as (update shop.order_items set quantity = quantity % 9 + 1 "
+    "where order_item_id = :id returning order_id), "
+    "o as (update pgrag.chunks set text = overlay(text placing :q::text from 1 for 1), "
+    "embedding = null, updated_at = now() where doc_type = 'order_detail' "
+    "and source_key = (select order_id::text from i)), "
+    "c as (update pgrag.chunks set text = overlay(text placing :q::text from 1 for 1), "
+    "embedding = null, updated_at = now() where doc_type = 'customer_profile' "
+    "and source_key = (select customer_id::text from shop.orders "
+    "where order_id = (select order_id from i))) "
+    "select;\n"
+)
 
 
 def pgbench(
@@ -57,10 +80,12 @@ def pgbench(
     transactions per second offered in all (0: unthrottled)."""
     info = psycopg.conninfo.conninfo_to_dict(url)
     env = dict(os.environ)
-    env["PGOPTIONS"] = f"-c pgrag.sync={mode}" if mode != "commit" else ""
+    env["PGOPTIONS"] = {"commit": "", "store": "-c pgrag.sync=off"}.get(
+        mode, f"-c pgrag.sync={mode}"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "update.sql"
-        script.write_text(SCRIPT)
+        script.write_text(STORE_SCRIPT if mode == "store" else SCRIPT)
         argv = [
             str(bin_dir() / "pgbench"), "-n", "-M", "prepared", "-c", str(clients),
             "-j", str(clients), "-T", str(int(seconds)), "-f", str(script),
@@ -139,7 +164,12 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 4])
-    ap.add_argument("--modes", nargs="+", default=["off", "commit", "queue"])
+    ap.add_argument(
+        "--modes",
+        nargs="+",
+        default=["off", "commit", "queue"],
+        choices=["off", "commit", "queue", "store"],
+    )
     ap.add_argument("--rates", type=int, nargs="+", default=[0], help="offered tx/s (0: all)")
     args = ap.parse_args()
 
