@@ -261,7 +261,9 @@ class SearchOptions:
 
 # pgrag._search_plan's arguments, in its order, and what of its plan the client runs.
 _PLAN: LiteralString = (
-    "select statement, settings, prepare, keep_s from pgrag._search_plan("
+    "select statement, settings, prepare, keep_s, "
+    "coalesce(estimate < exact_threshold, false) and current_user = session_user "
+    "from pgrag._search_plan("
     "%(mode)s::text, %(text)s::text, %(qvec)s::vector, %(model)s::text, %(k)s::integer, "
     "%(filter)s::jsonb, %(doc_types)s::text[], %(match)s::text, %(candidates)s::integer, "
     "%(ef_search)s::integer, %(exact_threshold)s::integer, %(rrf_k)s::integer, "
@@ -454,6 +456,11 @@ class _KeptPlan:
     settings: bytes  # the statement that sets its settings (_settings_statement)
     prepare: bool  # (False: too long to be held prepared, pgrag._search_plan)
     until: float  # time.monotonic()
+    # the statement counts the filter's matches first (the planner expected fewer than
+    # exact_threshold): a search that finds more makes the session keep its count as the
+    # filter's estimate (pgrag._filter_estimate_keep), and the plan is made again (not under
+    # another role than the session's, which keeps none: it would be made again every time)
+    counts: bool
 
 
 class _Plans:
@@ -483,12 +490,13 @@ class _Plans:
 
     def put(self, conn: Any, shape: tuple[Any, ...], row: tuple[Any, ...]) -> _KeptPlan:
         """The plan of a ``_PLAN`` row, kept unless it says not to."""
-        statement, settings, prepare, keep_s = row
+        statement, settings, prepare, keep_s, counts = row
         plan = _KeptPlan(
             statement,
             _settings_statement(settings).as_bytes(None),
             bool(prepare),
             time.monotonic() + keep_s,
+            bool(counts),
         )
         if keep_s <= 0:
             return plan
@@ -505,6 +513,14 @@ class _Plans:
             plans = self._by_conn.get(conn)
             if plans is not None:
                 plans.pop(shape, None)
+
+    def learned(
+        self, conn: Any, shape: tuple[Any, ...], kept: _KeptPlan, rows: Sequence[_Row]
+    ) -> None:
+        """Forget a plan that counted a filter's matches first where the search walked the
+        index (it found exact_threshold of them): the next plan reads the count it kept."""
+        if kept.counts and rows and rows[0].scan == "index":
+            self.forget(conn, shape)
 
 
 _PLANS = _Plans()
@@ -739,7 +755,9 @@ def _run_plan(conn: psycopg.Connection[Any], step: _Search, kept: _KeptPlan | No
         # it raised over the server's error, which told the replica's reader to go elsewhere)
         if manual and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             conn.autocommit = False
-    return cur.fetchall()
+    rows = cur.fetchall()
+    _PLANS.learned(conn, step.shape, kept, rows)
+    return rows
 
 
 async def asearch(
@@ -822,7 +840,9 @@ async def _arun_plan(
     finally:
         if manual and conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             await conn.set_autocommit(False)
-    return await cur.fetchall()
+    rows = await cur.fetchall()
+    _PLANS.learned(conn, step.shape, kept, rows)
+    return rows
 
 
 def _check_filter_params(

@@ -144,6 +144,55 @@ def _via_sql(conn: psycopg.Connection[Any], **kw: Any) -> s.SearchResult:
         return s.search(conn, **kw)
 
 
+def _kept(conn: psycopg.Connection[Any], **kw: Any) -> s.SearchResult:
+    """A search by the client's kept plans (docs/search.md, "The client's plans")."""
+    with s.exclusive(conn):
+        return s.search(conn, **kw)
+
+
+def test_a_search_that_counts_more_matches_than_expected_keeps_the_count(
+    synthetic_url: str,
+) -> None:
+    """The planner can expect far fewer rows of a jsonb filter than it matches (100 of
+    1,000,000 for 10,000): each search then counted exact_threshold matches with their
+    distances before it walked the index. A search whose count reaches the threshold keeps it
+    as the filter's estimate for the session, and the client plans again: the next search
+    walks the index at once."""
+    memo = "select current_setting('pgrag.filter_estimates', true)"
+    flt = FILTERS["1%"]  # 200 rows match
+    q = _queries(3)
+    threshold = 50
+    with psycopg.connect(synthetic_url, autocommit=True) as conn:
+        _via_sql(conn, vector=q[0], model="synthetic", k=5, mode="vector", filter=flt)
+        [(key, (_, at))] = json.loads(conn.execute(memo).fetchone()[0]).items()  # type: ignore[index]
+        for via in ("client", "sql"):
+            # the planner's estimate, as it was at 1,000,000 chunks: fewer than the threshold
+            conn.execute(
+                "select set_config('pgrag.filter_estimates', %s, false)",
+                (json.dumps({key: [1, at]}),),
+            )
+            args: dict[str, Any] = {
+                "vector": q[1], "model": "synthetic", "k": 5, "mode": "vector", "filter": flt,
+                "exact_threshold": threshold,
+            }  # fmt: skip
+            first = _kept(conn, **args) if via == "client" else _via_sql(conn, **args)
+            assert first.scan == "index" and len(first.hits) == 5
+            assert all(h.metadata["p1"] for h in first.hits)
+            kept = json.loads(conn.execute(memo).fetchone()[0])  # type: ignore[index]
+            assert kept[key][0] == threshold, via  # the count, up to the threshold
+            if via == "client":  # the plan that counted is not kept
+                assert not any(p.counts for p in s._PLANS._by_conn.get(conn, {}).values())
+            again = _kept(conn, **args) if via == "client" else _via_sql(conn, **args)
+            assert again.scan == "index" and [h.id for h in again.hits] == [
+                h.id for h in first.hits
+            ]
+            if via == "client":  # planned again with the kept count: it counts no more
+                plans = list(s._PLANS._by_conn.get(conn, {}).values())
+                assert plans and not any(p.counts for p in plans)
+                assert all(" then pgrag._filter_estimate_keep(" in p.statement for p in plans)
+                assert all("not true" in p.statement for p in plans)
+
+
 def test_a_session_keeps_a_filters_estimate_a_minute_and_ignores_a_bad_one(
     synthetic_url: str,
 ) -> None:
@@ -182,6 +231,8 @@ def test_a_session_keeps_a_filters_estimate_a_minute_and_ignores_a_bad_one(
             json.dumps({key: 5}),
             f'{{"{key}": [1, {now}], }}',
             f'{{"{key}": [1, 1e1000000]}}',
+            f'{{"{key}": [00, {now}]}}',  # (of the pattern once, not JSON: found by review)
+            f'{{"{key}": [-01, {now}]}}',
             "[" * 100_000,
             json.dumps({f"{i:016x}": [1, float(now)] for i in range(200)}),
         ]

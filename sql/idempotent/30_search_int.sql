@@ -171,7 +171,9 @@ as $$
 -- condition on the tenants the search sees (pgrag._search_tenants, also in where_sql), so that
 -- fetching the hits reads only their partitions. A chain of CTEs:
 --   matched / counted: the filter's matching rows with their distances, up to exact_threshold,
---     and how many (skipped: counted as exact_threshold);
+--     and how many (skipped: counted as exact_threshold); a count that reaches it, where the
+--     planner expected fewer, is kept as the filter's estimate for the session
+--     (pgrag._filter_estimate_keep), so that its next plan skips the count;
 --   vec_index: at exact_threshold or more, the HNSW index with pgvector's iterative scan
 --     (hnsw.iterative_scan = relaxed_order), which keeps walking the graph until kc rows pass
 --     the filter; materialized and re-sorted (relaxed order may be slightly out of order);
@@ -201,7 +203,11 @@ matched as materialized (
     where %1$s and c.embedding is not null and not %3$s
     limit %8$s),
 counted as materialized (
-    select case when %3$s then %8$s::bigint else (select count(*) from matched) end as n),
+    select case when %3$s then %8$s::bigint
+                else (select case when m.n >= %8$s
+                                  then pgrag._filter_estimate_keep(%13$s, m.n)::bigint
+                                  else m.n end
+                      from (select count(*) as n from matched) m) end as n),
 vec_index as materialized (
     select c.id, c.embedding %2$s $2 as distance
     from pgrag.chunks c
@@ -291,7 +297,8 @@ $f$;
                   coalesce((bound ->> 'rrf_k')::integer::text, '$6'),
                   coalesce((bound ->> 'fts_limit')::integer::text, '$7'),
                   coalesce(quote_literal(bound ->> 'match') || '::text', '$8'),
-                  format('%I.vector', vector_schema));
+                  format('%I.vector', vector_schema),
+                  quote_literal(where_sql));
 end
 $$;
 
@@ -346,25 +353,15 @@ as $$
 -- whose cost is time, as of any wrong estimate (docs/search.md). (Volatile: EXPLAIN runs in
 -- no other kind of function.)
 declare
-    keep constant integer := 20;
     fresh_s constant numeric := pgrag._search_default('plan_keep_s');
-    kept boolean := current_user = session_user;
     now_s numeric := extract(epoch from clock_timestamp());
-    memo_key text := to_hex(hashtextextended(current_user || ' ' || where_sql, 0));
-    held text := current_setting('pgrag.filter_estimates', true);
-    num constant text := '-?[0-9]+(\.[0-9]+)?(e[-+]?[0-9]{1,3})?';
-    entry constant text := '"[0-9a-f]{1,16}": \[' || num || ', ' || num || '\]';
-    memo jsonb := '{}';
     hit jsonb;
     cur refcursor;
     plan json;
     estimate double precision;
 begin
-    -- the shape pgrag writes: {"<hex>": [<number>, <number>], ...}
-    if kept and length(held) <= 4000
-       and held ~ ('^\{(' || entry || '(, ' || entry || ')*)?\}$') then
-        memo := held::jsonb;
-        hit := memo -> memo_key;
+    if current_user = session_user then
+        hit := pgrag._filter_estimates_held() -> pgrag._filter_estimate_key(where_sql);
         if hit is not null and (hit ->> 1)::numeric between now_s - fresh_s and now_s then
             return least(greatest(round((hit ->> 0)::numeric), 0), 1e15)::double precision;
         end if;
@@ -374,25 +371,93 @@ begin
     fetch cur into plan;
     close cur;
     estimate := (plan -> 0 -> 'Plan' ->> 'Plan Rows')::double precision;
-    if kept then
-        select coalesce(jsonb_object_agg(e.key, e.value), '{}') into memo
-          from (select m.key, m.value
-                  from jsonb_each(memo) m
-                 where m.key <> memo_key
-                   and (m.value ->> 1)::numeric between now_s - fresh_s and now_s
-                 order by (m.value ->> 1)::numeric desc
-                 limit keep - 1) e;
-        perform set_config('pgrag.filter_estimates',
-                           (memo || jsonb_build_object(memo_key,
-                                                       jsonb_build_array(estimate, now_s)))::text,
-                           false);
-    end if;
-    return estimate;
+    return pgrag._filter_estimate_keep(where_sql, estimate);
 end
 $$;
 
 comment on function pgrag._filter_estimate(text) is
     'The planner''s estimate of the chunks a filter matches, kept a minute per session';
+
+
+create or replace function pgrag._filter_estimate_keep(where_sql text, estimate double precision)
+returns double precision
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+-- Keep estimate as where_sql's in the session (pgrag.filter_estimates: the 20 newest filters,
+-- a minute each; pgrag._filter_estimate says who keeps one and why) and return it. Called by
+-- pgrag._filter_estimate with the planner's estimate, and by the search statement when its
+-- count of the filter's matches reached exact_threshold where the planner expected fewer: the
+-- planner's estimate of a jsonb containment is a fixed fraction of the table (100 rows of
+-- 1,000,000 for a filter matching 10,000), and every search of the filter counted 2,000
+-- matches with their distances (8 ms) before it walked the index (docs/benchmarks.md).
+declare
+    keep constant integer := 20;
+    fresh_s constant numeric := pgrag._search_default('plan_keep_s');
+    now_s numeric := extract(epoch from clock_timestamp());
+    memo_key text := pgrag._filter_estimate_key(where_sql);
+    memo jsonb;
+begin
+    if current_user <> session_user then
+        return estimate;
+    end if;
+    select coalesce(jsonb_object_agg(e.key, e.value), '{}') into memo
+      from (select m.key, m.value
+              from jsonb_each(pgrag._filter_estimates_held()) m
+             where m.key <> memo_key
+               and (m.value ->> 1)::numeric between now_s - fresh_s and now_s
+             order by (m.value ->> 1)::numeric desc
+             limit keep - 1) e;
+    perform set_config('pgrag.filter_estimates',
+                       (memo || jsonb_build_object(memo_key,
+                                                   jsonb_build_array(estimate, now_s)))::text,
+                       false);
+    return estimate;
+end
+$$;
+
+comment on function pgrag._filter_estimate_keep(text, double precision) is
+    'Keep an estimate of a filter''s chunks for the session (the planner''s, or a search''s count)';
+
+
+create or replace function pgrag._filter_estimates_held()
+returns jsonb
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+-- The session's kept estimates (pgrag.filter_estimates) when the setting holds the shape pgrag
+-- writes, {"<hex>": [<number>, <number>], ...} in at most 4,000 characters; else none. (Any
+-- role of the session may set it: pgrag._filter_estimate says why another shape is never
+-- parsed.)
+declare
+    held text := current_setting('pgrag.filter_estimates', true);
+    -- (JSON's numbers: no leading zero, which the cast would refuse: found by review)
+    num constant text := '-?(0|[1-9][0-9]*)(\.[0-9]+)?(e[-+]?[0-9]{1,3})?';
+    entry constant text := '"[0-9a-f]{1,16}": \[' || num || ', ' || num || '\]';
+begin
+    if length(held) <= 4000 and held ~ ('^\{(' || entry || '(, ' || entry || ')*)?\}$') then
+        return held::jsonb;
+    end if;
+    return '{}';
+end
+$$;
+
+comment on function pgrag._filter_estimates_held() is
+    'The session''s kept filter estimates (pgrag.filter_estimates), when of pgrag''s shape';
+
+
+create or replace function pgrag._filter_estimate_key(where_sql text)
+returns text
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+-- A filter's key in pgrag.filter_estimates: a hash of the role, the tenant setting (a count is
+-- of the tenant's chunks: one tenant's must not choose another's path) and the compiled filter.
+return to_hex(hashtextextended(current_user || ' '
+                               || coalesce(current_setting('pgrag.tenant', true), '') || ' '
+                               || where_sql, 0));
+
+comment on function pgrag._filter_estimate_key(text) is
+    'The key of a filter''s kept estimate (the role, the tenant setting and the filter, hashed)';
 
 
 create or replace function pgrag._search_statement_name(statement text)
