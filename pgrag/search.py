@@ -261,9 +261,7 @@ class SearchOptions:
 
 # pgrag._search_plan's arguments, in its order, and what of its plan the client runs.
 _PLAN: LiteralString = (
-    "select statement, settings, prepare, keep_s, "
-    "coalesce(estimate < exact_threshold, false) and current_user = session_user "
-    "from pgrag._search_plan("
+    "select statement, settings, prepare, keep_s, counts from pgrag._search_plan("
     "%(mode)s::text, %(text)s::text, %(qvec)s::vector, %(model)s::text, %(k)s::integer, "
     "%(filter)s::jsonb, %(doc_types)s::text[], %(match)s::text, %(candidates)s::integer, "
     "%(ef_search)s::integer, %(exact_threshold)s::integer, %(rrf_k)s::integer, "
@@ -456,10 +454,9 @@ class _KeptPlan:
     settings: bytes  # the statement that sets its settings (_settings_statement)
     prepare: bool  # (False: too long to be held prepared, pgrag._search_plan)
     until: float  # time.monotonic()
-    # the statement counts the filter's matches first (the planner expected fewer than
-    # exact_threshold): a search that finds more makes the session keep its count as the
-    # filter's estimate (pgrag._filter_estimate_keep), and the plan is made again (not under
-    # another role than the session's, which keeps none: it would be made again every time)
+    # the statement counts the filter's matches first, in the role that keeps their count
+    # (pgrag._search_plan's counts): a search that walked the index found exact_threshold of
+    # them, and the plan is made again with the count as the filter's estimate
     counts: bool
 
 

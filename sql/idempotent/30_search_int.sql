@@ -473,9 +473,10 @@ comment on function pgrag._search_statement_name(text) is
     'The name a search statement is prepared under (a hash of its text)';
 
 
--- (its outputs before 0010's last: without settings, prepare and keep_s. Dropped only then:
--- pgrag._drop_if_changed compares printed arguments, whose vector type prints qualified
--- under its search_path, so it would drop the function at every upgrade, under searches.)
+-- (its outputs before 0010's last: without counts (and earlier settings, prepare and keep_s).
+-- Dropped only then: pgrag._drop_if_changed compares printed arguments, whose vector type
+-- prints qualified under its search_path, so it would drop the function at every upgrade,
+-- under searches.)
 do $$
 declare
     fn regprocedure := to_regprocedure(
@@ -483,7 +484,7 @@ declare
         'integer, integer, integer, integer)');
 begin
     if fn is not null
-       and not (select 'keep_s' = any(p.proargnames) from pg_proc p where p.oid = fn) then
+       and not (select 'counts' = any(p.proargnames) from pg_proc p where p.oid = fn) then
         execute format('drop function %s', fn);
     end if;
 end
@@ -494,7 +495,8 @@ create or replace function pgrag._search_plan(
     filter jsonb, doc_types text[], inout match text, candidates integer, ef_search integer,
     inout exact_threshold integer, inout rrf_k integer, inout fts_limit integer,
     out statement text, out kc integer, out ef integer, out max_scan_tuples integer,
-    out estimate double precision, out settings jsonb, out prepare boolean, out keep_s integer)
+    out estimate double precision, out settings jsonb, out prepare boolean, out keep_s integer,
+    out counts boolean)
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $$
@@ -617,15 +619,18 @@ begin
                                                    'hnsw.max_scan_tuples', max_scan_tuples::text);
     end if;
     keep_s := case when tenant_sql is null then pgrag._search_default('plan_keep_s') else 0 end;
-    statement := pgrag._search_statement(mode, where_sql,
-                                         estimate is null or estimate >= exact_threshold,
-                                         vs, jsonb_build_object('k', k, 'kc', kc,
+    -- (counts: the statement counts the filter's matches first; one that finds
+    -- exact_threshold of them keeps the count, in the session's own role only
+    -- (pgrag._filter_estimate_keep), and a client keeping this plan plans again)
+    counts := mode <> 'text' and estimate < exact_threshold;
+    statement := pgrag._search_statement(mode, where_sql, not coalesce(counts, false), vs, jsonb_build_object('k', k, 'kc', kc,
                                                                 'exact_threshold', exact_threshold,
                                                                 'rrf_k', rrf_k,
                                                                 'fts_limit', fts_limit,
                                                                 'match', match),
                                          tenant_sql);
     prepare := length(statement) <= pgrag._search_default('prepare_chars');
+    counts := coalesce(counts, false) and current_user = session_user;
 end
 $$;
 
