@@ -79,6 +79,11 @@ DEFAULT_MAX_ATTEMPTS = 5
 REINDEX_ATTEMPTS = 3
 REINDEX_RETRY_S = 600.0
 DEFAULT_FAILURE_RETRY_S = 60.0
+# How often, at most, a worker looks whether pgrag.stats_changes needs pruning (_maybe_prune)
+PRUNE_EVERY_S = 10.0
+# Prune the statistics cache's record of writes when it has grown (the threshold is the SQL's:
+# pgrag._stats_changes_to_prune); a no-op otherwise
+_PRUNE = "select pgrag._prune_stats_changes() where pgrag._stats_changes_to_prune()"
 
 
 @dataclass(frozen=True, eq=False)
@@ -235,6 +240,7 @@ class Worker:
         self.stop = stop or threading.Event()
         self._conn: psycopg.Connection[Any] | None = None
         self._warned: set[str] = set()  # server warnings passed to notice (_server_warning)
+        self._prune_after = 0.0  # time.monotonic() before which _maybe_prune does not look
 
     # ---- lifecycle ----
 
@@ -511,6 +517,8 @@ class Worker:
             if batch.outage:
                 break  # every batch would wait out the same retries: report and stop
         seconds = time.perf_counter() - started  # the embedding's, not the tuning's
+        if not self.stop.is_set():
+            self._maybe_prune()
         if self.auto_tune and total.claimed > 0 and not self.stop.is_set():
             self._maybe_tune()
             if (
@@ -520,6 +528,22 @@ class Worker:
             ):
                 self._maybe_reindex()  # a rebuild that failed, tried again
         return _with(total, seconds=seconds, stopped=self.stop.is_set())
+
+    def _maybe_prune(self) -> None:
+        """Every write to a table that cached statistics read records its transaction in
+        pgrag.stats_changes; results stored prune it, but a database written far more often than
+        its statistics are asked for would grow it until then: the worker prunes it too, looking
+        at most every PRUNE_EVERY_S. A failure (no privilege, a lock timeout) is logged and
+        skipped; a lost connection goes to the caller's reconnect logic."""
+        if time.monotonic() < self._prune_after:
+            return
+        self._prune_after = time.monotonic() + PRUNE_EVERY_S
+        try:
+            self._execute(_PRUNE)
+        except (psycopg.Error, PgragError) as exc:
+            if connection_lost(exc):
+                raise
+            _log.warning("pgrag: statistics cache not pruned: %s", str(exc).strip().splitlines()[0])
 
     def _maybe_tune(self) -> None:
         """Recall out of the box: tune when the store grew or shrank twofold (`pgrag status`

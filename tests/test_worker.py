@@ -450,3 +450,25 @@ def test_a_superuser_worker_says_which_queued_types_it_leaves(db_url: str) -> No
         assert conn.execute(
             "select count(*) from pgrag.render_queue where doc_type = 'wq_t'"
         ).fetchone() == (1,)
+
+
+def test_the_worker_prunes_the_statistics_caches_record_of_writes(db_url: str) -> None:
+    """Every write to a table that cached statistics read adds a row to pgrag.stats_changes,
+    which storing a result prunes: a database written far more often than its statistics are
+    asked for would grow it until then. The worker prunes it too once it holds 1,000 rows, and
+    leaves it alone below that."""
+    add = (
+        "insert into pgrag.stats_changes (xid, relid) "
+        "select g::text::xid8, 'pgrag.chunks'::regclass from generate_series(%s::int, %s::int) g"
+    )  # (transactions long finished: ids far below any running one)
+    count = "select count(*) from pgrag.stats_changes"
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("delete from pgrag.stats_changes")
+        conn.execute(add, (3, 1001))
+        with Worker(db_url, default_embedder()) as w:
+            w.drain()
+        assert conn.execute(count).fetchone() == (999,)  # under the threshold: left
+        conn.execute(add, (2, 2))
+        with Worker(db_url, default_embedder()) as w:
+            w.drain()
+        assert conn.execute(count).fetchone() == (0,)

@@ -489,7 +489,7 @@ begin
                 triggers = excluded.triggers, computed_at = now()
             where pg_snapshot_xmax(excluded.snap) >= pg_snapshot_xmax(c.snap)
                or c.server_started <> excluded.server_started;
-        if (select count(*) from (select from pgrag.stats_changes limit 1000) x) >= 1000 then
+        if pgrag._stats_changes_to_prune() then
             perform pgrag._prune_stats_changes();
         end if;
     exception when others then
@@ -500,6 +500,20 @@ $$;
 
 comment on function pgrag._stats_cache_put(text, bytea, text, jsonb, pg_snapshot, xid8, text)
     is 'Store computed statistics with their snapshot (best effort; never an older over a newer)';
+
+
+create or replace function pgrag._stats_changes_to_prune()
+returns boolean
+language sql stable security invoker
+set search_path = pg_catalog, pg_temp
+-- Whether pgrag.stats_changes holds enough rows (1,000) to be worth pruning: asked when a
+-- result is stored, and by the worker after its work (pgrag/worker.py), since every write to a
+-- table cached statistics read adds a row, and a write-heavy database whose statistics are
+-- rarely asked for would otherwise grow the table until the next result is stored.
+return (select count(*) from (select from pgrag.stats_changes limit 1000) x) >= 1000;
+
+comment on function pgrag._stats_changes_to_prune() is
+    'Whether pgrag.stats_changes has grown enough (1,000 rows) to prune';
 
 
 create or replace function pgrag._prune_stats_changes()
