@@ -1,9 +1,13 @@
-"""What the synthetic-store benchmarks share: their arguments and the store they load."""
+"""What the benchmarks share: the synthetic stores' arguments and load, and the write path's
+stand-in for the worker's text index (TextIndexer)."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import threading
+
+import psycopg
 
 from pgrag.connection import resolve_url
 from pgrag.lab import synthetic
@@ -22,3 +26,33 @@ def synthetic_store(doc: str) -> tuple[argparse.Namespace, str]:
     if not args.skip_load:
         synthetic.load(url, args.rows)
     return args, url
+
+
+class TextIndexer:
+    """What a running worker does for the write path (since revision 0011): fill in the
+    tsvectors a render at a writer's commit left (``pgrag.index_text``), which also tells the
+    commits that something does, so they leave them to it. The write-path benchmarks run no
+    embedder; this thread stands in for that part of the worker, on the same cores as the
+    writers. Use as a context manager around the measured writes."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            while not self.stop.is_set():
+                row = conn.execute("select pgrag.index_text(500)").fetchone()
+                if not (row and row[0]):
+                    self.stop.wait(0.5)
+
+    def __enter__(self) -> TextIndexer:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute("select pgrag.index_text(500)")  # (recorded before the first write)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(60)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
@@ -31,10 +32,13 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from pgrag import documents, migrate
-from pgrag.connection import resolve_url
-from pgrag.lab.sample import load_sample
-from pgrag.lab.sample_documents import declare_sample_documents
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import TextIndexer  # noqa: E402
+from pgrag import documents, migrate  # noqa: E402
+from pgrag.connection import resolve_url  # noqa: E402
+from pgrag.lab.sample import load_sample  # noqa: E402
+from pgrag.lab.sample_documents import declare_sample_documents  # noqa: E402
 
 DB = "pgrag_bench_sync"
 MODES = ("off", "commit", "queue")
@@ -75,10 +79,11 @@ def main() -> None:
             declare_sample_documents(conn)
             rebuilt = documents.rebuild(conn)
             conn.execute("vacuum analyze")
-            lat = single_updates(conn, args.updates)
-            conn.execute("delete from pgrag.render_queue")  # queue mode's, no worker here
-            bulk = bulk_insert(conn, args.bulk)
-            wide = wide_update(conn, args.wide) if args.wide else {}
+            with TextIndexer(url):  # the worker's part in the write path (bench/common.py)
+                lat = single_updates(conn, args.updates)
+                conn.execute("delete from pgrag.render_queue")  # queue mode's, no worker here
+                bulk = bulk_insert(conn, args.bulk)
+                wide = wide_update(conn, args.wide) if args.wide else {}
         report(args, stats, load_s, rebuilt, lat, bulk, wide)
     finally:
         with psycopg.connect(admin, autocommit=True) as c:

@@ -31,6 +31,7 @@ import argparse
 import os
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -40,12 +41,15 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from pgrag import documents, migrate
-from pgrag.connection import resolve_url
-from pgrag.lab.sample import load_sample
-from pgrag.lab.sample_documents import declare_sample_documents
-from pgrag.server import bin_dir
-from pgrag.worker import BUSY_POLL_S, Worker
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import TextIndexer  # noqa: E402
+from pgrag import documents, migrate  # noqa: E402
+from pgrag.connection import resolve_url  # noqa: E402
+from pgrag.lab.sample import load_sample  # noqa: E402
+from pgrag.lab.sample_documents import declare_sample_documents  # noqa: E402
+from pgrag.server import bin_dir  # noqa: E402
+from pgrag.worker import BUSY_POLL_S, Worker  # noqa: E402
 
 DB = "pgrag_bench_writers"
 SCRIPT = (
@@ -54,19 +58,19 @@ SCRIPT = (
 )
 # The store mode's statement: the write and the writes of its two documents' rows, in one
 # statement as the write is (no extra round trip), as the commit's store makes them: the text
-# changes, so the tsvector, the GIN index over it and every btree index take the new row
-# version, and the vector is cleared for the worker. The metadata stays as it was (the real
-# store changes it too): a lower bound.
+# changes, so every index takes the new row version, and the vector and the tsvector are
+# cleared for the worker (since revision 0011 a commit's render leaves the tsvector to it). The
+# metadata stays as it was (the real store changes it too): a lower bound.
 STORE_SCRIPT = (
     "\\set id random(1, :max_item)\n"
     "\\set q random(0, 9)\n"
     "with i as (update shop.order_items set quantity = quantity % 9 + 1 "
     "where order_item_id = :id returning order_id), "
     "o as (update pgrag.chunks set text = overlay(text placing :q::text from 1 for 1), "
-    "embedding = null, updated_at = now() where doc_type = 'order_detail' "
+    "embedding = null, tsv = null, updated_at = now() where doc_type = 'order_detail' "
     "and source_key = (select order_id::text from i)), "
     "c as (update pgrag.chunks set text = overlay(text placing :q::text from 1 for 1), "
-    "embedding = null, updated_at = now() where doc_type = 'customer_profile' "
+    "embedding = null, tsv = null, updated_at = now() where doc_type = 'customer_profile' "
     "and source_key = (select customer_id::text from shop.orders "
     "where order_id = (select order_id from i))) "
     "select;\n"
@@ -188,26 +192,30 @@ def main() -> None:
             max_item = conn.execute("select max(order_item_id) from shop.order_items").fetchone()
         assert max_item is not None
         results: dict[tuple[str, int, int], list[dict[str, float]]] = {}
-        for r in range(args.rounds):
-            for rate in args.rates:
-                for clients in args.clients:
-                    for mode in args.modes:
-                        with psycopg.connect(url) as conn:
-                            conn.execute("delete from pgrag.render_queue")  # a run's own
-                            conn.commit()
-                            since = conn.execute("select clock_timestamp()").fetchone()
-                        if mode == "queue":
-                            with RenderWorker(url):
+        # the worker's part in the write path, in every mode (bench/common.py)
+        with TextIndexer(url):
+            for r in range(args.rounds):
+                for rate in args.rates:
+                    for clients in args.clients:
+                        for mode in args.modes:
+                            with psycopg.connect(url) as conn:
+                                conn.execute("delete from pgrag.render_queue")  # a run's own
+                                conn.commit()
+                                since = conn.execute("select clock_timestamp()").fetchone()
+                            if mode == "queue":
+                                with RenderWorker(url):
+                                    out = pgbench(
+                                        url, clients, args.seconds, mode, max_item[0], rate
+                                    )
+                                    out |= queue_state(url, since[0] if since else None)
+                            else:
                                 out = pgbench(url, clients, args.seconds, mode, max_item[0], rate)
-                                out |= queue_state(url, since[0] if since else None)
-                        else:
-                            out = pgbench(url, clients, args.seconds, mode, max_item[0], rate)
-                        results.setdefault((mode, clients, rate), []).append(out)
-                        print(
-                            f"round {r + 1} {mode} x{clients} rate {rate or 'all'}: "
-                            f"{out['tps']:.0f} tps",
-                            flush=True,
-                        )
+                            results.setdefault((mode, clients, rate), []).append(out)
+                            print(
+                                f"round {r + 1} {mode} x{clients} rate {rate or 'all'}: "
+                                f"{out['tps']:.0f} tps",
+                                flush=True,
+                            )
         report(args, stats, results)
     finally:
         with psycopg.connect(admin, autocommit=True) as c:

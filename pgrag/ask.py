@@ -39,10 +39,11 @@ if TYPE_CHECKING:
 DEFAULT_TOP_N = 5
 
 # Whether a phrase occurs in any chunk this session may see (full text, GIN-served): a name the
-# metadata does not hold may still be in the text (a product named in an order's lines).
+# metadata does not hold may still be in the text (a product named in an order's lines). A chunk
+# whose tsvector the worker has not filled in yet is read from its text, as searches do.
 _IN_TEXT: LiteralString = (
-    "select exists (select from pgrag.chunks c "
-    "where c.tsv @@ phraseto_tsquery('english'::regconfig, %s))"
+    "select exists (select from pgrag.chunks c, phraseto_tsquery('english'::regconfig, %s) q "
+    "where c.tsv @@ q or (c.tsv is null and pgrag.text_tsvector(c.text) @@ q))"
 )
 
 

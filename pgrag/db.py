@@ -114,6 +114,8 @@ class StoreStatus:
     # the chunk store's partitions (docs/scaling.md): None for one table, else
     # {"by": "tenant", "strategy": "list" | "hash", "partitions", "default_rows" (list)}
     store: dict[str, Any] | None = None
+    # chunks waiting for their full-text vector (revision 0011: the worker fills it in)
+    text_pending: int = 0
 
 
 class _Replicated:

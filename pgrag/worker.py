@@ -29,7 +29,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from types import FrameType
 from typing import Any
@@ -68,6 +68,9 @@ DEFAULT_BATCH_SIZE = 64
 DEFAULT_RENDER_ENTRIES = 500
 MAX_RENDER_ENTRIES = 50_000
 RENDER_BATCH_S = 0.5  # the render batch's target duration
+# chunks whose full-text vector one call of pgrag.index_text fills in (about 0.1-0.3 ms each:
+# a batch holds their row locks for 50-150 ms, which a render of one of them waits for)
+INDEX_TEXT_ROWS = 500
 # Seconds between looks at the queues when no NOTIFY arrives: idle, and right after a batch
 # (a burst of writers notifies once: pgrag._notify).
 DEFAULT_POLL_S = 2.0
@@ -152,6 +155,7 @@ class DrainResult:
     batches: int = 0
     rendered_entries: int = 0  # render queue entries done
     rendered_chunks: int = 0
+    indexed: int = 0  # chunks whose full-text vector was filled in (pgrag.index_text)
     claimed: int = 0
     written: int = 0
     from_cache: int = 0
@@ -163,8 +167,6 @@ class DrainResult:
     outage: bool = False
 
     def rendered(self, r: RenderResult) -> DrainResult:
-        from dataclasses import replace
-
         return replace(
             self,
             rendered_entries=self.rendered_entries + r.entries,
@@ -176,6 +178,7 @@ class DrainResult:
             batches=self.batches + 1,
             rendered_entries=self.rendered_entries,
             rendered_chunks=self.rendered_chunks,
+            indexed=self.indexed,
             claimed=self.claimed + b.claimed,
             written=self.written + b.written,
             from_cache=self.from_cache + b.from_cache,
@@ -354,6 +357,13 @@ class Worker:
 
     # ---- one batch ----
 
+    def index_text_batch(self) -> int:
+        """Fill in the full-text vector of chunks a render at a writer's commit left without
+        one (pgrag.index_text): ahead of the embeddings, which take a second or more a batch
+        where this takes a fraction. How many were filled; 0 when none is waiting."""
+        row = self._execute("select pgrag.index_text(%s)", (INDEX_TEXT_ROWS,)).fetchone()
+        return int(row[0]) if row and row[0] else 0
+
     def render_batch(self) -> RenderResult | None:
         """Render entries of the render queue; None when it is empty.
 
@@ -504,6 +514,10 @@ class Worker:
                 total = total.rendered(rendered)
                 if on_render is not None:
                     on_render(rendered)
+                continue
+            indexed = self.index_text_batch()
+            if indexed:
+                total = replace(total, indexed=total.indexed + indexed)
                 continue
             try:
                 batch = self.run_batch()
@@ -732,7 +746,9 @@ class Worker:
                             break
                         # after work, look again soon: writers that committed meanwhile
                         # may not have notified (pgrag._notify wakes once per burst)
-                        did_work = result.rendered_entries > 0 or result.claimed > 0
+                        did_work = (
+                            result.rendered_entries > 0 or result.indexed > 0 or result.claimed > 0
+                        )
                         pause = (
                             outage_pause_s
                             if result.outage
@@ -816,8 +832,6 @@ def connection_lost(exc: BaseException) -> bool:
 
 
 def _with(r: DrainResult, *, seconds: float, stopped: bool) -> DrainResult:
-    from dataclasses import replace
-
     return replace(r, seconds=seconds, stopped=stopped)
 
 
@@ -826,6 +840,7 @@ def _merge(a: DrainResult, b: DrainResult) -> DrainResult:
         batches=a.batches + b.batches,
         rendered_entries=a.rendered_entries + b.rendered_entries,
         rendered_chunks=a.rendered_chunks + b.rendered_chunks,
+        indexed=a.indexed + b.indexed,
         claimed=a.claimed + b.claimed,
         written=a.written + b.written,
         from_cache=a.from_cache + b.from_cache,

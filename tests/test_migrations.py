@@ -90,16 +90,20 @@ def test_chunk_store_shape(db_url: str) -> None:
     assert "gin (tsv)" in indexes["chunks_tsv_gin"]
     assert "gin (metadata jsonb_path_ops)" in indexes["chunks_metadata_gin"]
     assert "WHERE (embedding IS NULL)" in indexes["chunks_pending"]
+    assert "WHERE (tsv IS NULL)" in indexes["chunks_tsv_pending"]
 
 
 def test_chunk_rows_hash_tsvector_and_cascade(conn: psycopg.Connection) -> None:
     parent = conn.execute(
         "insert into pgrag.chunks (doc_type, source_key, text) values ('p', '1', 'Café \\x41')"
-        " returning id, content_hash, tsv::text"
+        " returning id, content_hash, tsv"
     ).fetchone()
     assert parent is not None
     assert bytes(parent[1]) == hashlib.sha256("Café \\x41".encode()).digest()
-    assert "café" in parent[2]
+    assert parent[2] is None  # (since 0011 written by pgrag: the worker fills it in)
+    conn.execute("select pgrag.index_text()")
+    tsv = conn.execute("select tsv::text from pgrag.chunks where id = %s", (parent[0],))
+    assert "café" in str(tsv.fetchone())
     conn.execute(
         "insert into pgrag.chunks (doc_type, source_key, parent_id, text) "
         "values ('c', '1', %s, 'x')",
@@ -301,6 +305,20 @@ def test_frozen_incremental_files_do_not_change() -> None:
         assert actual == digest, f"{name} is frozen (released): add a new incremental file instead"
 
 
+TSV_0001 = "tsv tsvector GENERATED ALWAYS AS (to_tsvector('english'::regconfig, text)) STORED"
+
+
+def same_but_the_tsvectors_place(dump: str, reference: str) -> bool:
+    """Two schema dumps alike but for where pgrag.chunks.tsv is in the table: downgraded
+    below 0011 it is the generated column of 0001 again, made anew, so last (PostgreSQL cannot
+    make a plain column generated in place)."""
+
+    def lines(d: str) -> list[str]:
+        return [ln.rstrip(",") for ln in d.splitlines() if TSV_0001 not in ln]
+
+    return TSV_0001 in dump and TSV_0001 in reference and lines(dump) == lines(reference)
+
+
 def test_downgrade_below_documents_removes_every_generated_object(empty_db_url: str) -> None:
     from .shop_fixture import load_tiny_shop
 
@@ -331,7 +349,7 @@ def test_downgrade_below_documents_removes_every_generated_object(empty_db_url: 
             "'{\"shop.order_items\": \"select order_item_id from changed\"}', 'order_detail')"
         )  # a third level: children must be dropped before their parents
     migrate.downgrade(empty_db_url, "0001", drop_data=True)
-    assert pgrag_schema() == reference
+    assert same_but_the_tsvectors_place(pgrag_schema(), reference)
     triggers = scalar(empty_db_url, "select count(*) from pg_trigger where tgname like 'pgrag_%'")
     assert triggers == 0
 
@@ -342,7 +360,7 @@ def test_downgrade_of_0006_restores_0005_exactly(empty_db_url: str) -> None:
     migrate.upgrade(empty_db_url)
     assert "chunks_read" in schema_dump(empty_db_url)  # the tenant policy
     migrate.downgrade(empty_db_url, "0005")
-    assert schema_dump(empty_db_url) == at_0005
+    assert same_but_the_tsvectors_place(schema_dump(empty_db_url), at_0005)
     with psycopg.connect(empty_db_url) as conn:  # and functions' privileges are the defaults
         acl = conn.execute(
             "select count(*) from pg_proc where pronamespace = 'pgrag'::regnamespace "
@@ -378,7 +396,7 @@ def test_0010_waits_for_the_queue_of_rows_at_most_5_s_and_downgrades_exactly(
     )
     assert scalar(empty_db_url, storage) == "e"
     migrate.downgrade(empty_db_url, "0009")
-    assert schema_dump(empty_db_url) == at_0009
+    assert same_but_the_tsvectors_place(schema_dump(empty_db_url), at_0009)
 
 
 def test_role_names_are_chosen_at_migration_and_then_fixed(empty_db_url: str) -> None:
@@ -473,3 +491,51 @@ def test_the_head_revision_is_alembics() -> None:
     script = ScriptDirectory(str(migrate.alembic_dir()))
     assert migrate.head() == script.get_current_head()
     assert [r for r, _ in migrate.history()][-1] == migrate.head()
+
+
+def test_0011_leaves_the_tsvector_to_pgrag_and_downgrades_to_the_generated_column(
+    empty_db_url: str,
+) -> None:
+    """0011 makes pgrag.chunks.tsv a plain column that pgrag writes (its values kept); its
+    downgrade computes it again as 0010 did, every value equal, only placed last in the table."""
+    migrate.upgrade(empty_db_url, "0010")
+    at_0010 = schema_dump(empty_db_url)
+    generated = (
+        "select attgenerated from pg_attribute "
+        "where attrelid = 'pgrag.chunks'::regclass and attname = 'tsv'"
+    )
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        conn.execute(
+            "insert into pgrag.chunks (doc_type, source_key, text) "
+            "values ('p', '1', 'Zebras running'), ('p', '2', 'a second text')"
+        )
+    migrate.upgrade(empty_db_url)
+    assert scalar(empty_db_url, generated) == ""
+    same = (
+        "select count(*) from pgrag.chunks "
+        "where tsv is not distinct from to_tsvector('english'::regconfig, text)"
+    )
+    assert scalar(empty_db_url, same) == 2  # (kept)
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        conn.execute("update pgrag.chunks set tsv = null where source_key = '2'")
+    migrate.downgrade(empty_db_url, "0010")
+    assert scalar(empty_db_url, generated) == "s"
+    assert scalar(empty_db_url, same) == 2  # (computed again, the NULL too)
+    assert same_but_the_tsvectors_place(schema_dump(empty_db_url), at_0010)
+
+
+def test_0011_waits_for_the_store_at_most_5_s(empty_db_url: str) -> None:
+    """0011 alters pgrag.chunks (an ACCESS EXCLUSIVE lock, which every search takes too): held
+    by an open transaction, the migration waits 5 s for it, then fails in one line, changing
+    nothing; once it is free it runs."""
+    from pgrag.errors import PgragError
+
+    migrate.upgrade(empty_db_url, "0010")
+    with psycopg.connect(empty_db_url) as reader:
+        reader.execute("select count(*) from pgrag.chunks")  # a search's lock, held
+        with pytest.raises(PgragError, match="pgrag.chunks is held by a transaction"):
+            migrate.upgrade(empty_db_url)
+        reader.rollback()
+    assert scalar(empty_db_url, "select version_num from public.pgrag_alembic_version") == "0010"
+    migrate.upgrade(empty_db_url)
+    assert migrate.current(empty_db_url) == migrate.head()

@@ -418,3 +418,69 @@ def test_a_failing_document_does_not_stop_a_rebuild(shop: str) -> None:
         assert stored == (stats.documents - 1,)
         problems = [(m.source_key, m.problem) for m in documents.verify(conn, "fragile")]
         assert problems == [("2", "render failed (22012): division by zero")]
+
+
+def test_a_commit_leaves_the_tsvector_to_the_worker_and_text_search_stays_exact(shop: str) -> None:
+    """Revision 0011: while a worker fills tsvectors in, a render at the writer's commit writes
+    the new text and leaves its tsvector (most of the cost of writing a chunk) for it, as it
+    leaves the vector; a full-text search matches and ranks the new text at once, exactly as
+    once the worker has filled it in; a refresh, which runs outside the writer's commit, writes
+    it itself (and one found missing), as every commit does when no worker has run lately."""
+    from pgrag.search import search
+
+    chunk = (
+        "select tsv is null from pgrag.chunks "
+        "where doc_type = 'customer_profile' and source_key = '2'"
+    )
+    with psycopg.connect(shop, autocommit=True) as conn:
+        conn.execute("update shop.customers set name = 'Ana Lima-Santos' where customer_id = 2")
+        assert conn.execute(chunk).fetchone() == (False,)  # no worker yet: nothing would fill it
+        conn.execute("select pgrag.index_text()")  # what a worker does (and says it does)
+        conn.execute("update shop.customers set name = 'Ana Zyxwvut' where customer_id = 2")
+        assert "Zyxwvut" in profile(shop, "2")
+        assert conn.execute(chunk).fetchone() == (True,)
+
+        def found() -> list[tuple[str, str, float | None]]:
+            hits = search(conn, "zyxwvut", mode="text").hits
+            return [(h.doc_type, h.source_key, h.text_score) for h in hits]
+
+        before = found()
+        assert ("customer_profile", "2") in [h[:2] for h in before]
+        filled = conn.execute("select pgrag.index_text()").fetchone()
+        assert filled is not None and filled[0] >= 1
+        assert conn.execute(chunk).fetchone() == (False,)
+        assert conn.execute(
+            "select count(*) from pgrag.chunks where tsv is distinct from pgrag.text_tsvector(text)"
+        ).fetchone() == (0,)
+        assert found() == before  # the same hits, the same ranks and scores
+
+        conn.execute("set pgrag.sync = off")
+        conn.execute("update shop.customers set name = 'Ana Qwertzu' where customer_id = 2")
+        conn.execute("reset pgrag.sync")
+        documents.refresh(conn, "customer_profile", ["2"])
+        documents.refresh(conn, "order_detail")  # (its orders name the customer too)
+        assert "Qwertzu" in profile(shop, "2")
+        assert conn.execute(chunk).fetchone() == (False,)  # written with the text
+        assert documents.verify(conn) == []
+        # a tsvector missing from a chunk whose text did not change: a refresh writes it
+        conn.execute("update pgrag.chunks set tsv = null where doc_type = 'customer_profile'")
+        documents.refresh(conn, "customer_profile")
+        left = "select count(*) from pgrag.chunks where tsv is null"
+        assert conn.execute(left).fetchone() == (0,)
+        # no worker lately: commits write the tsvector themselves
+        conn.execute("update pgrag.settings set text_indexed_at = now() - interval '2 minutes'")
+        conn.execute("update shop.customers set name = 'Ana Lima' where customer_id = 2")
+        assert conn.execute(chunk).fetchone() == (False,)
+
+
+def test_the_worker_fills_in_the_tsvectors_a_commit_left(shop: str) -> None:
+    with psycopg.connect(shop, autocommit=True) as conn:
+        conn.execute("select pgrag.index_text()")  # a worker ran: commits leave them to it
+        conn.execute("update shop.customers set segment = 'VIP'")
+        waiting = "select count(*) from pgrag.chunks where tsv is null"
+        left = conn.execute(waiting).fetchone()
+        assert left is not None and left[0] > 0
+        with Worker(shop, HashEmbedder()) as w:
+            result = w.drain()
+        assert result.indexed >= left[0]
+        assert conn.execute(waiting).fetchone() == (0,)

@@ -690,7 +690,8 @@ def status(state: _State) -> None:
         click.echo(f"database:   {describe_target(client.url)}")
         click.echo(f"revision:   {migrate.current(client.url)}")
         click.echo(f"embedding:  {st.embedding_model or '(no model yet)'}, {st.embedding_dim} d")
-        click.echo(f"chunks:     {st.chunks} ({st.pending} waiting for a vector)")
+        text = f", {st.text_pending} for full text" if st.text_pending else ""
+        click.echo(f"chunks:     {st.chunks} ({st.pending} waiting for a vector{text})")
         for doc_type, n in sorted(st.doc_types.items()):
             click.echo(f"  {doc_type}: {n}")
         if st.render_queued is not None:

@@ -43,9 +43,23 @@ SCHEMA = {
 }
 
 _HNSW: LiteralString = "select indexdef from pg_indexes where indexname = 'chunks_embedding_hnsw'"
+# The rows go through a temporary table: COPY cannot compute a column, and each chunk's
+# tsvector is written with it (pgrag.text_tsvector), as a render writes it, not by an UPDATE
+# after the load that would leave a second version of every row.
+_STAGE: LiteralString = (
+    "create temporary table synthetic_rows on commit drop as "
+    "select doc_type, source_key, text, metadata, embedding, embedding_model "
+    "from pgrag.chunks with no data"
+)
 _COPY: LiteralString = (
-    "copy pgrag.chunks (doc_type, source_key, text, metadata, embedding, embedding_model) "
+    "copy synthetic_rows (doc_type, source_key, text, metadata, embedding, embedding_model) "
     "from stdin (format binary)"
+)
+_FROM_STAGE: LiteralString = (
+    "insert into pgrag.chunks (doc_type, source_key, text, metadata, embedding, "
+    "embedding_model, tsv) "
+    "select doc_type, source_key, text, metadata, embedding, embedding_model, "
+    "pgrag.text_tsvector(text) from synthetic_rows"
 )
 
 
@@ -145,10 +159,12 @@ def store(
         conn.execute("delete from pgrag.chunks")
         conn.execute("update pgrag.settings set embedding_model = 'synthetic'")
         register(conn)
+        conn.execute(_STAGE)
         with conn.cursor().copy(_COPY) as cp:
             cp.set_types(["text", "text", "text", "jsonb", "vector", "text"])
             for i in range(len(texts)):
                 cp.write_row((DOC_TYPE, str(i), texts[i], Jsonb(metas[i]), vecs[i], "synthetic"))
+        conn.execute(_FROM_STAGE)
         conn.commit()
         if not quiet:
             n = len(texts)

@@ -220,6 +220,19 @@ comment on function pgrag._limit(text) is
     'The limits on what callers hand pgrag (search arguments, questions, names, filters)';
 
 
+create or replace function pgrag.text_tsvector(t text)
+returns tsvector
+language sql immutable strict parallel safe security invoker
+-- A chunk's full-text vector (pgrag.chunks.tsv), the one definition: what a render writes, what
+-- the worker fills in (pgrag.index_text) and what a search computes for a chunk still without
+-- one. A SQL-standard body and no SET clause: its names are bound when it is created, and the
+-- planner inlines it.
+return to_tsvector('english'::regconfig, t);
+
+comment on function pgrag.text_tsvector(text) is
+    'A chunk''s full-text vector: to_tsvector(''english'', text)';
+
+
 create or replace function pgrag._check_range(what text, value bigint, low bigint, high bigint)
 returns void
 language plpgsql immutable parallel safe security invoker

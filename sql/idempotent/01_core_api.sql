@@ -35,7 +35,7 @@ comment on function pgrag.check_dimension(integer) is
 select pgrag._drop_if_changed(to_regprocedure('pgrag.status()'),
     'TABLE(embedding_dim integer, embedding_model text, chunks bigint, pending bigint, '
     'doc_types jsonb, render_queued bigint, render_oldest interval, render_lag jsonb, '
-    'render_errors bigint, tuning jsonb, replication jsonb, store jsonb)');
+    'render_errors bigint, tuning jsonb, replication jsonb, store jsonb, text_pending bigint)');
 
 create or replace function pgrag.status()
 returns table (
@@ -57,10 +57,12 @@ returns table (
                              -- state, replay_lag_ms}]} (a role without pg_monitor sees their
                              -- names only), or {"role": "standby", "received_not_replayed_bytes",
                              -- "last_replayed_commit_age_ms"}
-    store jsonb              -- the chunk store's partitions (pgrag._store_shape()): NULL for
+    store jsonb,             -- the chunk store's partitions (pgrag._store_shape()): NULL for
                              -- one table, else {"by": "tenant", "strategy": "list" | "hash",
                              -- "partitions", "default_rows" (list: chunks of tenants without
                              -- a partition of their own)}
+    text_pending bigint      -- chunks waiting for their full-text vector (pgrag.index_text; searches
+                             -- compute it meanwhile)
 )
 language plpgsql stable security invoker
 set search_path = pg_catalog, pg_temp
@@ -73,6 +75,7 @@ begin
     select s.embedding_dim as dim, s.embedding_model as model,
            (select count(*) from pgrag.chunks) as n,
            (select count(*) from pgrag.chunks c where c.embedding is null) as waiting,
+           (select count(*) from pgrag.chunks c where c.tsv is null) as text_waiting,
            coalesce((select jsonb_object_agg(t.doc_type, t.n)
                        from (select c.doc_type, count(*) as n from pgrag.chunks c
                               group by c.doc_type) t), '{}'::jsonb) as types
@@ -81,6 +84,7 @@ begin
     embedding_model := r.model;
     chunks := r.n;
     pending := r.waiting;
+    text_pending := r.text_waiting;
     doc_types := r.types;
     if has_table_privilege('pgrag.render_queue', 'select') then
         select count(*), clock_timestamp() - min(q.queued_at) into render_queued, render_oldest
@@ -125,7 +129,8 @@ end
 $fn$;
 
 comment on function pgrag.status() is
-    'Store size, chunks waiting for a vector, chunks per document type, the render queue, its '
+    'Store size, chunks waiting for a vector (and for a full-text vector), chunks per document '
+    'type, the render queue, its '
     'lag, render errors, the last recall measurement, the server''s replication and the '
     'store''s partitions';
 

@@ -333,6 +333,7 @@ declare
         pg_catalog.current_setting('pgrag.marked', true),
         pg_catalog.current_setting('pgrag.truncated', true),
         pg_catalog.current_setting('pgrag.keyed_at', true),
+        pg_catalog.current_setting('pgrag.defer_tsv', true),
         temp_schema,
         (select pg_catalog.string_agg(pg_catalog.concat(c.name, '@', c.creation_time, '@',
                                                         c.is_holdable), ',' order by c.name)
@@ -868,8 +869,10 @@ begin
     -- The store: render (as the declarer), skip what did not change, update the documents that
     -- have a chunk and insert the others, delete what the source no longer yields. An UPDATE,
     -- not INSERT ... ON CONFLICT DO UPDATE, for the documents that exist: an insert computes
-    -- the generated columns (to_tsvector, the hash) before it finds the conflict, and the
-    -- update computes them again (measured: 0.34 against 0.23 ms per 900-character document).
+    -- the tsvector and the hash before it finds the conflict, and the update computes them
+    -- again (measured: 0.34 against 0.23 ms per 900-character document). A changed text's
+    -- tsvector is written with it, or left NULL for the worker by a render at a writer's commit
+    -- (pgrag.defer_tsv, set by pgrag.sync_now; the embedding is cleared either way).
     -- Separate statements for "these keys" and "all" so each has a good cached plan (an `or
     -- keys is null` would make the keyed one scan the whole type). It takes no lock: its
     -- callers hold the documents' locks (pgrag._lock_documents).
@@ -881,7 +884,8 @@ begin
                        %3$s as parent_id
                 from pgrag_docs.%1$I(keys) r
             ),
-            todo as (  -- unchanged documents are not written at all (no tsvector, no WAL)
+            todo as (  -- unchanged documents are not written at all (no tsvector, no WAL),
+                       -- unless a render that writes tsvectors finds one missing
                 select s.* from src s
                 where not exists (
                     select from pgrag.chunks c
@@ -889,7 +893,8 @@ begin
                        and (c.text, c.metadata, c.parent_key, c.parent_id, c.tenant,
                             c.truncated_from)
                            is not distinct from (s.body, s.meta, s.parent, s.parent_id, s.tenant,
-                                                 s.cut))
+                                                 s.cut)
+                       and (c.tsv is not null or %6$s))
             ),
             upd as (
                 update pgrag.chunks as c
@@ -902,6 +907,9 @@ begin
                        embedding = case when c.text = s.body then c.embedding end,
                        embedding_model = case when c.text = s.body then c.embedding_model end,
                        embedded_at = case when c.text = s.body then c.embedded_at end,
+                       tsv = case when c.text = s.body and c.tsv is not null then c.tsv
+                                  when %6$s then null
+                                  else pgrag.text_tsvector(s.body) end,
                        updated_at = now()
                   from todo s
                  where c.doc_type = %2$L and c.source_key = s.key
@@ -910,9 +918,10 @@ begin
             ins as (  -- (ON CONFLICT: a chunk another transaction inserted meanwhile)
                 insert into pgrag.chunks as c
                        (doc_type, source_key, parent_key, parent_id, text, metadata, tenant,
-                        truncated_from)
+                        truncated_from, tsv)
                 select distinct on (s.key)  -- (a key yielded twice is named below)
-                       %2$L, s.key, s.parent, s.parent_id, s.body, s.meta, s.tenant, s.cut
+                       %2$L, s.key, s.parent, s.parent_id, s.body, s.meta, s.tenant, s.cut,
+                       case when %6$s then null else pgrag.text_tsvector(s.body) end
                 from todo s
                 where not exists (select from upd u where u.source_key = s.key)
                 order by s.key
@@ -926,11 +935,14 @@ begin
                     embedding = case when c.text = excluded.text then c.embedding end,
                     embedding_model = case when c.text = excluded.text then c.embedding_model end,
                     embedded_at = case when c.text = excluded.text then c.embedded_at end,
+                    tsv = case when c.text = excluded.text and c.tsv is not null then c.tsv
+                               else excluded.tsv end,
                     updated_at = now()
                 where (c.text, c.metadata, c.parent_key, c.parent_id, c.tenant, c.truncated_from)
                       is distinct from (excluded.text, excluded.metadata, excluded.parent_key,
                                         excluded.parent_id, excluded.tenant,
                                         excluded.truncated_from)
+                   or (c.tsv is null and excluded.tsv is not null)
                 -- (inserted: also a chunk another transaction inserted meanwhile, which the
                 -- conflict updated: its children are linked again, which changes nothing.
                 -- Not xmax = 0: a partitioned store returns no system column.)
@@ -951,7 +963,10 @@ begin
             -- the store's unique key: a partitioned store's holds the tenant too
             -- (sql/migrate/store_shape.sql)
             case when pgrag._store_partitioned() then '(doc_type, source_key, tenant)'
-                 else '(doc_type, source_key)' end);
+                 else '(doc_type, source_key)' end,
+            -- a render at a writer's commit (pgrag.sync_now) leaves a changed text's full-text
+            -- vector to the worker (pgrag.index_text): most of the cost of writing the chunk
+            $d$current_setting('pgrag.defer_tsv', true) = 'on'$d$);
 
     perform pgrag._create_generated(pgrag._generated('store', t.name), 'text[]', format($f$
         create or replace function pgrag_docs.%1$I(keys text[])

@@ -857,6 +857,7 @@ declare
     before_keys pg_snapshot;
     keyed_at pg_snapshot;  -- the statements' key queries ran after it (NULL: not all ran)
     n bigint;
+    deferring text;
 begin
     if me is null then
         return 0;  -- this transaction wrote nothing, so it recorded nothing
@@ -936,8 +937,16 @@ begin
     end if;
     delete from pgrag.sync_queue s where s.xid = me;
 
-    -- 5. render
+    -- 5. render, each changed text's full-text vector left to the worker (pgrag.index_text;
+    --    searches compute it from the text meanwhile): most of the cost of writing a chunk,
+    --    in the writer's commit. Only while a worker fills them in (it ran pgrag.index_text in
+    --    the last minute): else nothing would, and every search would compute them.
+    deferring := current_setting('pgrag.defer_tsv', true);
+    if (select s.text_indexed_at > now() - interval '1 minute' from pgrag.settings s) then
+        perform set_config('pgrag.defer_tsv', 'on', true);
+    end if;
     n := pgrag._render_todo(todo);
+    perform set_config('pgrag.defer_tsv', coalesce(deferring, ''), true);
     return n;
 end
 $fn$;

@@ -71,6 +71,47 @@ comment on function pgrag.release_chunks(bigint[]) is
     'Release chunks claimed by pgrag.claim_chunks (call after the vectors are committed)';
 
 
+create or replace function pgrag.index_text(max_rows integer default 2000)
+returns integer
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+-- Fill in the full-text vector (pgrag.chunks.tsv: pgrag.text_tsvector of the text) of up to
+-- max_rows chunks that have none, oldest first: those a render at a writer's commit left for
+-- the worker (revision 0011), and any chunk written other than by pgrag's renders. The worker
+-- calls it ahead of the embeddings (it costs a few ms per 100 chunks, an embedding a second or
+-- more); so may a cron job or a session. Each call records when it ran
+-- (pgrag.settings.text_indexed_at, at most every 10 s): a writer's commit leaves the tsvectors
+-- NULL only while something fills them in. A chunk another transaction is writing is skipped
+-- (SKIP LOCKED), never waited for, and the lock taken (FOR NO KEY UPDATE, as
+-- pgrag.store_embeddings takes) lets a child chunk's or an embedder error's foreign key check
+-- through. Returns how many it filled: 0 when none is waiting.
+declare
+    n integer;
+begin
+    perform pgrag._check_range('max_rows', max_rows, 1, 100000);
+    -- (the ids as an array, taken once: joined to a subquery, a planner that expected one
+    -- such chunk ran it again for each, 20 s for 4,000 chunks)
+    update pgrag.chunks c
+       set tsv = pgrag.text_tsvector(c.text)
+     where c.id = any(array(select x.id from pgrag.chunks x
+                             where x.tsv is null
+                             order by x.id
+                             limit max_rows
+                               for no key update skip locked))
+       and c.tsv is null;
+    get diagnostics n = row_count;
+    -- a worker is filling them in: commits may leave them to it (pgrag.sync_now)
+    update pgrag.settings s set text_indexed_at = now()
+     where s.text_indexed_at is null or s.text_indexed_at < now() - interval '10 seconds';
+    return n;
+end
+$$;
+
+comment on function pgrag.index_text(integer) is
+    'Fill in the full-text vector of up to max_rows chunks that have none (the worker calls it)';
+
+
 create or replace function pgrag.check_embedder(model_name text, dim integer)
 returns void
 language plpgsql stable security invoker

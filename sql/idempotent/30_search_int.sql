@@ -13,6 +13,9 @@ as $$
 -- The lexemes in at least min_fraction of the chunks and in at least min_rows of them, from
 -- the planner's statistics of pgrag.chunks.tsv as the calling role sees them in pg_stats
 -- (after ANALYZE; none before it, and none while row-level security applies to the role).
+-- Their frequencies are of the rows with a tsvector: scaled by that share, so that chunks still
+-- waiting for theirs (pgrag.index_text) count as holding none of the words, and a word is left
+-- out only if the chunks that have a tsvector alone make it common.
 begin
     if (select c.reltuples from pg_class c where c.oid = 'pgrag.chunks'::regclass)
        < min_rows then
@@ -23,9 +26,10 @@ begin
             cross join lateral unnest(s.most_common_elems::text::text[],
                                       s.most_common_elem_freqs) as u(e, f)
             where s.schemaname = 'pgrag' and s.tablename = 'chunks' and s.attname = 'tsv'
-              and u.e is not null and u.f >= min_fraction
-              and u.f * (select c.reltuples from pg_class c
-                         where c.oid = 'pgrag.chunks'::regclass) >= min_rows);
+              and u.e is not null and u.f * (1 - s.null_frac) >= min_fraction
+              and u.f * (1 - s.null_frac) * (select c.reltuples from pg_class c
+                                             where c.oid = 'pgrag.chunks'::regclass)
+                  >= min_rows);
 end
 $$;
 
@@ -183,7 +187,10 @@ as $$
 --     when it holds them all, else all over again (+ 0 keeps the planner off the HNSW index);
 --   fts: full-text matches ranked by ts_rank, every match ranked (the fts_limit best kept:
 --     the same texts give the same ranking, whatever the rows' physical order), match any
---     leaving out the words in most chunks of a large store (pgrag._common_lexemes);
+--     leaving out the words in most chunks of a large store (pgrag._common_lexemes); a chunk
+--     whose tsvector the worker has not filled in yet (left by a render at a writer's commit)
+--     is matched and ranked on its text's, computed here, found by the index of those chunks
+--     alone (chunks_tsv_pending);
 --   fused: reciprocal rank fusion, 1 / (rrf_k + rank) summed over both lists, and each
 --     list's first counted twice: what one leg is sure of is not outvoted by hits both legs
 --     put lower (docs/search.md, "Fusion");
@@ -241,9 +248,11 @@ $f$;
         tpl := tpl || $f$
 tq as materialized (select pgrag._search_tsquery($1, %11$s, pgrag._common_lexemes()) as q),
 fts_scored as (
-    select c.id, ts_rank(c.tsv, (select q from tq)) as score
+    select c.id, ts_rank(coalesce(c.tsv, pgrag.text_tsvector(c.text)), (select q from tq)) as score
     from pgrag.chunks c
-    where c.tsv @@ (select q from tq) and %1$s
+    where (c.tsv @@ (select q from tq)
+           or (c.tsv is null and pgrag.text_tsvector(c.text) @@ (select q from tq)))
+      and %1$s
     order by 2 desc, c.id
     limit %10$s),
 fts as (

@@ -97,6 +97,7 @@ declare
         'declare_document', 'drop_document', 'refresh', 'declare_stats', 'cache_stats',
         'claim_chunks', 'release_chunks', 'store_embeddings', 'record_embed_failures',
         'clear_embed_errors', 'begin_reembed', 'query_cache_put', 'prune_embedding_cache',
+        'index_text',
         'sync_now', 'render_queued', 'set_sync', 'describe_document', 'bind_tenant_role'];
 begin
     select * into strict s from pgrag.settings;
@@ -165,6 +166,8 @@ begin
     execute format('grant update (embedding_model) on pgrag.settings to %I', s.writer_role);
     -- the worker tunes ef_search when the store grew or shrank twofold (pgrag/tune.py)
     execute format('grant update (ef_search) on pgrag.settings to %I', s.writer_role);
+    -- pgrag.index_text records when it ran: a commit then leaves the tsvectors to the worker
+    execute format('grant update (text_indexed_at) on pgrag.settings to %I', s.writer_role);
     execute format('grant select, insert on pgrag.tuning to %I', s.writer_role);
     execute format('grant select, insert on pgrag.eval_runs to %I', s.writer_role);
     -- the commit-time render's queue: written by every writer's statement triggers; the render
