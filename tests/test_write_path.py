@@ -484,3 +484,41 @@ def test_the_worker_fills_in_the_tsvectors_a_commit_left(shop: str) -> None:
             result = w.drain()
         assert result.indexed >= left[0]
         assert conn.execute(waiting).fetchone() == (0,)
+
+
+def test_only_a_small_commit_leaves_tsvectors_and_only_a_commit_does(shop: str) -> None:
+    """A commit of more than 100 documents writes their tsvectors itself (left to the worker,
+    each search would compute them all until it caught up: 1-2 s a search at 33,000); a session
+    that sets pgrag.defer_tsv itself changes nothing; and the worker's stamp never waits for
+    the settings row (a commit's render waited behind it: found by review)."""
+    waiting = "select count(*) from pgrag.chunks where doc_type = 'note' and tsv is null"
+    with psycopg.connect(shop, autocommit=True) as conn:
+        conn.execute(
+            "create table shop.notes (id integer primary key, body text not null); "
+            "select pgrag.declare_document('note', 'select id as source_key, body as text "
+            'from shop.notes\', \'{"shop.notes": "select id from changed"}\')'
+        )
+        conn.execute("insert into shop.notes select g, 'note ' || g from generate_series(1, 150) g")
+        conn.execute("select pgrag.index_text()")  # a worker is running
+        conn.execute("update shop.notes set body = body || ' again' where id <= 100")
+        assert conn.execute(waiting).fetchone() == (100,)  # small: left to the worker
+        conn.execute("select pgrag.index_text()")
+        conn.execute("update shop.notes set body = body || ' and again'")
+        assert conn.execute(waiting).fetchone() == (0,)  # 150 documents: written with them
+        conn.execute("set pgrag.defer_tsv = on")
+        conn.execute("set pgrag.sync = off")
+        conn.execute("update shop.notes set body = body || '!'")
+        documents.refresh(conn, "note")
+        assert conn.execute(waiting).fetchone() == (0,)
+        conn.execute("reset pgrag.defer_tsv")
+        conn.execute("reset pgrag.sync")
+        assert documents.verify(conn) == []
+    with psycopg.connect(shop) as holder, psycopg.connect(shop, autocommit=True) as worker:
+        worker.execute("update pgrag.settings set text_indexed_at = null")  # a stamp is due
+        holder.execute("select 1 from pgrag.settings for share")  # as store_embeddings does
+        worker.execute("set lock_timeout = '5s'")  # waiting would fail, not hang
+        assert worker.execute("select pgrag.index_text()").fetchone() == (0,)
+        holder.rollback()
+        assert worker.execute("select pgrag.index_text()").fetchone() == (0,)
+        stamped = worker.execute("select text_indexed_at is not null from pgrag.settings")
+        assert stamped.fetchone() == (True,)  # the next call, with the row free

@@ -1616,18 +1616,23 @@ comment on function pgrag._keys_of_rows(refcursor, jsonb) is
     'The watches'' key queries over recorded rows, read from a cursor in bounded batches';
 
 
-create or replace function pgrag._render_todo(todo jsonb)
+create or replace function pgrag._render_todo(todo jsonb, defer_tsv boolean)
 returns bigint
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $fn$
 -- Store the documents of todo ({type: [keys] | null}) of types still declared, parents before
 -- children (a child's parent_id resolves to its parent's new chunk). Returns the number of
--- chunks written or deleted.
+-- chunks written or deleted. defer_tsv: each changed text's tsvector is left NULL for the
+-- worker (pgrag.sync_now's small renders), else written with it (the setting pgrag.defer_tsv,
+-- which the generated store functions read, set either way: a session's own value of it
+-- changes nothing).
 declare
     t record;
     n bigint := 0;
+    prior text := current_setting('pgrag.defer_tsv', true);
 begin
+    perform set_config('pgrag.defer_tsv', case when defer_tsv then 'on' else 'off' end, true);
     for t in with recursive chain(name, depth) as (
                  select d.name, 0 from pgrag.doc_types d where d.parent_type is null
                  union all
@@ -1643,6 +1648,7 @@ begin
                               case when jsonb_typeof(t.value) = 'null' then null
                                    else array(select jsonb_array_elements_text(t.value)) end);
     end loop;
+    perform set_config('pgrag.defer_tsv', coalesce(prior, ''), true);
     return n;
 end
 $fn$;

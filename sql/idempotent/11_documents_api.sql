@@ -426,6 +426,9 @@ as $fn$
 -- A document whose render fails is recorded in pgrag.render_errors and skipped (on_error
 -- 'record'), or raised as PR004 naming it ('raise').
 -- Returns the number of chunks inserted, changed, deleted or re-linked.
+declare
+    prior text;
+    n bigint;
 begin
     if not exists (select 1 from pgrag.doc_types d where d.name = doc_type) then
         raise exception using errcode = 'PR003',
@@ -441,7 +444,12 @@ begin
         return 0;
     end if;
     perform pgrag._lock_documents(jsonb_build_object(doc_type, to_jsonb(keys)), true);
-    return pgrag._store(doc_type, keys, on_error);
+    -- (the tsvectors written with the texts: only a commit's small render leaves them)
+    prior := current_setting('pgrag.defer_tsv', true);
+    perform set_config('pgrag.defer_tsv', 'off', true);
+    n := pgrag._store(doc_type, keys, on_error);
+    perform set_config('pgrag.defer_tsv', coalesce(prior, ''), true);
+    return n;
 end
 $fn$;
 
@@ -857,7 +865,6 @@ declare
     before_keys pg_snapshot;
     keyed_at pg_snapshot;  -- the statements' key queries ran after it (NULL: not all ran)
     n bigint;
-    deferring text;
 begin
     if me is null then
         return 0;  -- this transaction wrote nothing, so it recorded nothing
@@ -940,13 +947,17 @@ begin
     -- 5. render, each changed text's full-text vector left to the worker (pgrag.index_text;
     --    searches compute it from the text meanwhile): most of the cost of writing a chunk,
     --    in the writer's commit. Only while a worker fills them in (it ran pgrag.index_text in
-    --    the last minute): else nothing would, and every search would compute them.
-    deferring := current_setting('pgrag.defer_tsv', true);
-    if (select s.text_indexed_at > now() - interval '1 minute' from pgrag.settings s) then
-        perform set_config('pgrag.defer_tsv', 'on', true);
-    end if;
-    n := pgrag._render_todo(todo);
-    perform set_config('pgrag.defer_tsv', coalesce(deferring, ''), true);
+    --    the last minute: else nothing would, and every search would compute them), and for a
+    --    commit of at most 100 documents: a bulk one's would cost every search until the
+    --    worker caught up (33,000 waiting: 1-2 s a search; found by review)
+    n := pgrag._render_todo(todo,
+        (select s.text_indexed_at between clock_timestamp() - interval '1 minute'
+                                      and clock_timestamp()
+           from pgrag.settings s)
+        and (select coalesce(sum(case when jsonb_typeof(e.value) = 'array'
+                                      then jsonb_array_length(e.value) end), 0) <= 100
+                    and bool_and(jsonb_typeof(e.value) = 'array')
+               from jsonb_each(todo) e));
     return n;
 end
 $fn$;
@@ -1034,7 +1045,7 @@ begin
             'where s.id = any(%L::bigint[]) and s.rows is not null '
             'order by s.doc_type, s.source_table, s.id', ids));
     end if;
-    n := pgrag._render_todo(todo);
+    n := pgrag._render_todo(todo, false);
     insert into pgrag.render_lag (doc_type, documents, lags_ms)
     select s.doc_type,
            case when todo -> s.doc_type = 'null'  -- rendered whole: the type's documents

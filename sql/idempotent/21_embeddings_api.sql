@@ -90,6 +90,15 @@ declare
     n integer;
 begin
     perform pgrag._check_range('max_rows', max_rows, 1, 100000);
+    -- A worker is filling them in: commits may leave them to it (pgrag.sync_now). First, and
+    -- never waiting (a transaction may hold the settings row: pgrag.store_embeddings shares
+    -- it): waiting there with the chunks below locked held writers' renders up (found by
+    -- review). A stamp in the future (a clock stepped back, a hand-set value) is put right.
+    update pgrag.settings s set text_indexed_at = clock_timestamp()
+     where s.ctid = (select x.ctid from pgrag.settings x for no key update skip locked)
+       and (s.text_indexed_at is null
+            or s.text_indexed_at not between clock_timestamp() - interval '10 seconds'
+                                         and clock_timestamp());
     -- (the ids as an array, taken once: joined to a subquery, a planner that expected one
     -- such chunk ran it again for each, 20 s for 4,000 chunks)
     update pgrag.chunks c
@@ -101,9 +110,6 @@ begin
                                for no key update skip locked))
        and c.tsv is null;
     get diagnostics n = row_count;
-    -- a worker is filling them in: commits may leave them to it (pgrag.sync_now)
-    update pgrag.settings s set text_indexed_at = now()
-     where s.text_indexed_at is null or s.text_indexed_at < now() - interval '10 seconds';
     return n;
 end
 $$;

@@ -13,9 +13,9 @@ as $$
 -- The lexemes in at least min_fraction of the chunks and in at least min_rows of them, from
 -- the planner's statistics of pgrag.chunks.tsv as the calling role sees them in pg_stats
 -- (after ANALYZE; none before it, and none while row-level security applies to the role).
--- Their frequencies are of the rows with a tsvector: scaled by that share, so that chunks still
--- waiting for theirs (pgrag.index_text) count as holding none of the words, and a word is left
--- out only if the chunks that have a tsvector alone make it common.
+-- Their frequencies are of the rows that have a tsvector: taken for every row's, those still
+-- waiting for theirs (pgrag.index_text) being few (only small commits leave them: scaling by
+-- their share made a word common or not depending on when ANALYZE ran; found by review).
 begin
     if (select c.reltuples from pg_class c where c.oid = 'pgrag.chunks'::regclass)
        < min_rows then
@@ -26,10 +26,9 @@ begin
             cross join lateral unnest(s.most_common_elems::text::text[],
                                       s.most_common_elem_freqs) as u(e, f)
             where s.schemaname = 'pgrag' and s.tablename = 'chunks' and s.attname = 'tsv'
-              and u.e is not null and u.f * (1 - s.null_frac) >= min_fraction
-              and u.f * (1 - s.null_frac) * (select c.reltuples from pg_class c
-                                             where c.oid = 'pgrag.chunks'::regclass)
-                  >= min_rows);
+              and u.e is not null and u.f >= min_fraction
+              and u.f * (select c.reltuples from pg_class c
+                         where c.oid = 'pgrag.chunks'::regclass) >= min_rows);
 end
 $$;
 
