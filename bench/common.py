@@ -6,11 +6,11 @@ from __future__ import annotations
 import argparse
 import os
 import threading
-
-import psycopg
+from typing import Any
 
 from pgrag.connection import resolve_url
 from pgrag.lab import synthetic
+from pgrag.worker import Worker
 
 
 def synthetic_store(doc: str) -> tuple[argparse.Namespace, str]:
@@ -28,31 +28,41 @@ def synthetic_store(doc: str) -> tuple[argparse.Namespace, str]:
     return args, url
 
 
+class NoModel:
+    """The write-path benchmarks embed nothing: a worker needs an embedder to exist."""
+
+    name = "bench:none"
+    dimension = 384
+
+    def embed(self, texts: Any) -> Any:  # noqa: ARG002
+        raise RuntimeError("the write-path benchmarks do not embed")
+
+
 class TextIndexer:
     """What a running worker does for the write path (since revision 0011): fill in the
-    tsvectors a render at a writer's commit left (``pgrag.index_text``), which also tells the
-    commits that something does, so they leave them to it. The write-path benchmarks run no
-    embedder; this thread stands in for that part of the worker, on the same cores as the
-    writers. Use as a context manager around the measured writes."""
+    tsvectors a render at a writer's commit left (``Worker.index_text_batch``), which also
+    tells the commits that something does, so they leave them to it. The write-path benchmarks
+    run no embedder; this thread stands in for that part of the worker, on the same cores as
+    the writers. Use as a context manager around the measured writes."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
+        self.worker = Worker(url, NoModel(), auto_tune=False, auto_reindex=False)
 
     def _run(self) -> None:
-        with psycopg.connect(self.url, autocommit=True) as conn:
-            while not self.stop.is_set():
-                row = conn.execute("select pgrag.index_text(500)").fetchone()
-                if not (row and row[0]):
-                    self.stop.wait(0.5)
+        while not self.stop.is_set():
+            if not self.worker.index_text_batch():
+                self.stop.wait(0.5)
 
     def __enter__(self) -> TextIndexer:
-        with psycopg.connect(self.url, autocommit=True) as conn:
-            conn.execute("select pgrag.index_text(500)")  # (recorded before the first write)
+        self.worker.open()
+        self.worker.index_text_batch()  # (recorded before the first write)
         self.thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.thread.join(60)
+        self.worker.close()

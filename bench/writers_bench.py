@@ -43,7 +43,7 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import TextIndexer  # noqa: E402
+from bench.common import NoModel, TextIndexer  # noqa: E402
 from pgrag import documents, migrate  # noqa: E402
 from pgrag.connection import resolve_url  # noqa: E402
 from pgrag.lab.sample import load_sample  # noqa: E402
@@ -114,16 +114,6 @@ def pgbench(
     }
 
 
-class _NoModel:
-    """The render benchmark embeds nothing: a worker needs an embedder to exist."""
-
-    name = "bench:none"
-    dimension = 384
-
-    def embed(self, texts: Any) -> Any:  # noqa: ARG002
-        raise RuntimeError("the writers benchmark does not embed")
-
-
 class RenderWorker:
     """pgrag's worker rendering only (Worker.render_batch: adaptive batches), as fast as the
     queue fills, looking again every 50 ms when it is empty (as the worker does after work)."""
@@ -134,7 +124,7 @@ class RenderWorker:
         self.thread = threading.Thread(target=self.run, daemon=True)
 
     def run(self) -> None:
-        with Worker(self.url, _NoModel()) as w:
+        with Worker(self.url, NoModel()) as w:
             while not self.stop.is_set():
                 if w.render_batch() is None:
                     time.sleep(BUSY_POLL_S)

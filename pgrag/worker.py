@@ -68,9 +68,6 @@ DEFAULT_BATCH_SIZE = 64
 DEFAULT_RENDER_ENTRIES = 500
 MAX_RENDER_ENTRIES = 50_000
 RENDER_BATCH_S = 0.5  # the render batch's target duration
-# chunks whose full-text vector one call of pgrag.index_text fills in (about 0.1-0.3 ms each:
-# a batch holds their row locks for 50-150 ms, which a render of one of them waits for)
-INDEX_TEXT_ROWS = 500
 # Seconds between looks at the queues when no NOTIFY arrives: idle, and right after a batch
 # (a burst of writers notifies once: pgrag._notify).
 DEFAULT_POLL_S = 2.0
@@ -361,7 +358,7 @@ class Worker:
         """Fill in the full-text vector of chunks a render at a writer's commit left without
         one (pgrag.index_text): ahead of the embeddings, which take a second or more a batch
         where this takes a fraction. How many were filled; 0 when none is waiting."""
-        row = self._execute("select pgrag.index_text(%s)", (INDEX_TEXT_ROWS,)).fetchone()
+        row = self._execute("select pgrag.index_text()").fetchone()  # (its batch: the SQL's)
         return int(row[0]) if row and row[0] else 0
 
     def render_batch(self) -> RenderResult | None:

@@ -872,7 +872,7 @@ begin
     -- the tsvector and the hash before it finds the conflict, and the update computes them
     -- again (measured: 0.34 against 0.23 ms per 900-character document). A changed text's
     -- tsvector is written with it, or left NULL for the worker by a render at a writer's commit
-    -- (pgrag.defer_tsv, set by pgrag.sync_now; the embedding is cleared either way).
+    -- (pgrag.defer_tsv, set by pgrag._render_todo; the embedding is cleared either way).
     -- Separate statements for "these keys" and "all" so each has a good cached plan (an `or
     -- keys is null` would make the keyed one scan the whole type). It takes no lock: its
     -- callers hold the documents' locks (pgrag._lock_documents).
@@ -1616,17 +1616,18 @@ comment on function pgrag._keys_of_rows(refcursor, jsonb) is
     'The watches'' key queries over recorded rows, read from a cursor in bounded batches';
 
 
-create or replace function pgrag._render_todo(todo jsonb, defer_tsv boolean)
+create or replace function pgrag._render_todo(todo jsonb, defer_tsv boolean, on_error text)
 returns bigint
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
 as $fn$
 -- Store the documents of todo ({type: [keys] | null}) of types still declared, parents before
--- children (a child's parent_id resolves to its parent's new chunk). Returns the number of
--- chunks written or deleted. defer_tsv: each changed text's tsvector is left NULL for the
--- worker (pgrag.sync_now's small renders), else written with it (the setting pgrag.defer_tsv,
--- which the generated store functions read, set either way: a session's own value of it
--- changes nothing).
+-- children (a child's parent_id resolves to its parent's new chunk), under the caller's
+-- document locks: every render goes through here (a commit's, the worker's, a refresh).
+-- Returns the number of chunks written or deleted. defer_tsv: each changed text's tsvector is
+-- left NULL for the worker (pgrag.sync_now's small renders), else written with it (the setting
+-- pgrag.defer_tsv, which the generated store functions read, set either way: a session's own
+-- value of it changes nothing). on_error: pgrag._store's.
 declare
     t record;
     n bigint := 0;
@@ -1646,7 +1647,8 @@ begin
               order by 3 nulls last, 1 loop
         n := n + pgrag._store(t.doc_type,
                               case when jsonb_typeof(t.value) = 'null' then null
-                                   else array(select jsonb_array_elements_text(t.value)) end);
+                                   else array(select jsonb_array_elements_text(t.value)) end,
+                              on_error);
     end loop;
     perform set_config('pgrag.defer_tsv', coalesce(prior, ''), true);
     return n;

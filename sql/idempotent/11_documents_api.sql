@@ -426,9 +426,6 @@ as $fn$
 -- A document whose render fails is recorded in pgrag.render_errors and skipped (on_error
 -- 'record'), or raised as PR004 naming it ('raise').
 -- Returns the number of chunks inserted, changed, deleted or re-linked.
-declare
-    prior text;
-    n bigint;
 begin
     if not exists (select 1 from pgrag.doc_types d where d.name = doc_type) then
         raise exception using errcode = 'PR003',
@@ -445,11 +442,7 @@ begin
     end if;
     perform pgrag._lock_documents(jsonb_build_object(doc_type, to_jsonb(keys)), true);
     -- (the tsvectors written with the texts: only a commit's small render leaves them)
-    prior := current_setting('pgrag.defer_tsv', true);
-    perform set_config('pgrag.defer_tsv', 'off', true);
-    n := pgrag._store(doc_type, keys, on_error);
-    perform set_config('pgrag.defer_tsv', coalesce(prior, ''), true);
-    return n;
+    return pgrag._render_todo(jsonb_build_object(doc_type, to_jsonb(keys)), false, on_error);
 end
 $fn$;
 
@@ -957,7 +950,8 @@ begin
         and (select coalesce(sum(case when jsonb_typeof(e.value) = 'array'
                                       then jsonb_array_length(e.value) end), 0) <= 100
                     and bool_and(jsonb_typeof(e.value) = 'array')
-               from jsonb_each(todo) e));
+               from jsonb_each(todo) e),
+        'record');
     return n;
 end
 $fn$;
@@ -1045,7 +1039,7 @@ begin
             'where s.id = any(%L::bigint[]) and s.rows is not null '
             'order by s.doc_type, s.source_table, s.id', ids));
     end if;
-    n := pgrag._render_todo(todo, false);
+    n := pgrag._render_todo(todo, false, 'record');
     insert into pgrag.render_lag (doc_type, documents, lags_ms)
     select s.doc_type,
            case when todo -> s.doc_type = 'null'  -- rendered whole: the type's documents

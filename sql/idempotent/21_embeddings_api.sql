@@ -71,7 +71,10 @@ comment on function pgrag.release_chunks(bigint[]) is
     'Release chunks claimed by pgrag.claim_chunks (call after the vectors are committed)';
 
 
-create or replace function pgrag.index_text(max_rows integer default 2000)
+select pgrag._drop_if_changed(to_regprocedure('pgrag.index_text(integer)'), 'integer',
+                              'max_rows integer DEFAULT 500');
+
+create or replace function pgrag.index_text(max_rows integer default 500)
 returns integer
 language plpgsql volatile security invoker
 set search_path = pg_catalog, pg_temp
@@ -85,7 +88,8 @@ as $$
 -- NULL only while something fills them in. A chunk another transaction is writing is skipped
 -- (SKIP LOCKED), never waited for, and the lock taken (FOR NO KEY UPDATE, as
 -- pgrag.store_embeddings takes) lets a child chunk's or an embedder error's foreign key check
--- through. Returns how many it filled: 0 when none is waiting.
+-- through. Returns how many it filled: 0 when none is waiting. The default, 500, is the
+-- worker's batch: its row locks held 50-150 ms, which a render of one of them waits for.
 declare
     n integer;
 begin

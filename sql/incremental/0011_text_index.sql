@@ -1,7 +1,8 @@
 -- 0011: a chunk's full-text vector (tsv) is written by pgrag, not computed by the server on
--- every write of the text. A render at a writer's commit leaves it NULL, as it leaves the
--- embedding, and the worker fills it (pgrag.index_text), ahead of the embeddings; every other
--- render (a refresh, a rebuild, the worker's render of the queue) fills it as it writes. Computing
+-- every write of the text. A render at a writer's commit of at most 100 documents, while a
+-- worker runs, leaves it NULL, as it leaves the embedding, and the worker fills it
+-- (pgrag.index_text), ahead of the embeddings; every other render (a refresh, a rebuild, the
+-- worker's render of the queue, a bulk commit) fills it as it writes. Computing
 -- it was most of the cost of writing a chunk (a 900-character document: 0.39 ms an UPDATE with
 -- the generated column, 0.08 ms without it, docs/benchmarks.md). Searches stay exact meanwhile:
 -- the full-text match and rank of a chunk whose tsv is NULL are computed from its text
