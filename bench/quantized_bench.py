@@ -3,14 +3,9 @@
     PGRAG_DATABASE_URL=... python bench/quantized_bench.py [--kind halfvec|bit]
                                                           [--queries 50] [--candidates 40 100]
 
-The measurement behind issue 19's "beyond pgvector's graph walk": an HNSW index over a smaller
-form of each vector (``halfvec``: 16-bit floats, half the size; ``bit``: one bit per
-dimension, ``binary_quantize``, hamming distance), whose candidates are re-ranked by the exact
-cosine distance in the same statement, as pgvector's README describes:
-
-    select id from (select id, embedding from pgrag.chunks
-                    order by <quantized embedding> <op> <quantized query> limit <candidates>) c
-    order by embedding <=> query limit 10
+Issue 19's "beyond pgvector's graph walk", unfiltered, at several candidate counts: the
+quantized index and its re-ranking statement are ``pgrag/lab/quantized.py``'s (``pgrag bench
+search --quantized`` puts one row of it beside the plain index's, under every filter).
 
 PGRAG_DATABASE_URL names a loaded synthetic store (``pgrag bench search`` makes one per size:
 ``pgrag_bench_<rows>``). The quantized index is built there once, with the store index's m and
@@ -32,18 +27,12 @@ from typing import Any, LiteralString
 
 import psycopg
 from pgvector.psycopg import register_vector
-from psycopg import sql
 
 from pgrag.connection import resolve_url
-from pgrag.lab import synthetic
+from pgrag.lab import quantized, synthetic
 
 EF = (40, 100, 200)
 K = 10
-# kind -> (the quantized expression over a vector, its HNSW operator class, its distance operator)
-KINDS: dict[str, tuple[str, str, str]] = {
-    "halfvec": ("({v})::halfvec({d})", "halfvec_cosine_ops", "<=>"),
-    "bit": ("binary_quantize({v})::bit({d})", "bit_hamming_ops", "<~>"),
-}
 _PLAIN: LiteralString = "select id from pgrag.chunks order by embedding <=> %(q)s limit %(k)s"
 _EXACT: LiteralString = "select id from pgrag.chunks order by (embedding <=> %(q)s) + 0 limit %(k)s"
 
@@ -51,52 +40,6 @@ _EXACT: LiteralString = "select id from pgrag.chunks order by (embedding <=> %(q
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(p * len(xs)))]
-
-
-def index_name(kind: str) -> str:
-    return f"chunks_embedding_{kind}_hnsw"
-
-
-def ensure_index(conn: psycopg.Connection[Any], kind: str, dim: int) -> tuple[str, str]:
-    """The quantized index, built now if missing: (its size, the build time or 'existing')."""
-    expr, ops, _ = KINDS[kind]
-    name = index_name(kind)
-    took = "existing"
-    if conn.execute("select to_regclass(%s)", (f"pgrag.{name}",)).fetchone() == (None,):
-        m, efc = conn.execute(
-            "select hnsw_m, hnsw_ef_construction from pgrag.settings"
-        ).fetchone() or (16, 64)
-        conn.execute("set maintenance_work_mem = '2GB'")
-        t = time.perf_counter()
-        conn.execute(
-            sql.SQL(
-                "create index {} on pgrag.chunks using hnsw (({}) {}) "
-                "with (m = {}, ef_construction = {})"
-            ).format(
-                sql.Identifier(name),
-                sql.SQL(expr.format(v="embedding", d=dim)),
-                sql.SQL(ops),
-                sql.Literal(m),
-                sql.Literal(efc),
-            )
-        )
-        took = f"{time.perf_counter() - t:.0f} s"
-    size = conn.execute(
-        "select pg_size_pretty(pg_relation_size(%s::regclass))", (f"pgrag.{name}",)
-    ).fetchone()
-    return (size[0] if size else "?"), took
-
-
-def reranked(kind: str, dim: int) -> sql.Composed:
-    expr, _, op = KINDS[kind]
-    return sql.SQL(
-        "select id from (select id, embedding from pgrag.chunks order by {} {} {} limit %(c)s) c "
-        "order by embedding <=> %(q)s limit %(k)s"
-    ).format(
-        sql.SQL(expr.format(v="embedding", d=dim)),
-        sql.SQL(op),
-        sql.SQL(expr.format(v="%(q)s::vector", d=dim)),
-    )
 
 
 def timed(
@@ -111,7 +54,7 @@ def timed(
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--kind", choices=sorted(KINDS), default="halfvec")
+    ap.add_argument("--kind", choices=sorted(quantized.KINDS), default="halfvec")
     ap.add_argument("--queries", type=int, default=50)
     ap.add_argument("--candidates", type=int, nargs="+", default=[40, 100])
     ap.add_argument("--drop", action="store_true", help="drop the quantized index and exit")
@@ -120,11 +63,7 @@ def main() -> int:
     with psycopg.connect(url, autocommit=True) as conn:
         register_vector(conn)
         if args.drop:
-            conn.execute(
-                sql.SQL("drop index if exists pgrag.{}").format(
-                    sql.Identifier(index_name(args.kind))
-                )
-            )
+            quantized.drop(conn, args.kind)
             return 0
         rows = synthetic.loaded(conn)
         if not rows:
@@ -132,9 +71,8 @@ def main() -> int:
                 "no synthetic chunks here: run `pgrag bench search --rows N` first", file=sys.stderr
             )
             return 2
-        dim_row = conn.execute("select embedding_dim from pgrag.settings").fetchone()
-        dim = int(dim_row[0]) if dim_row else 384
-        size, took = ensure_index(conn, args.kind, dim)
+        dim = quantized.dimension(conn)
+        size, took = quantized.ensure_index(conn, args.kind)
         plain_row = conn.execute(
             "select pg_size_pretty(pg_relation_size('pgrag.chunks_embedding_hnsw'::regclass))"
         ).fetchone()
@@ -150,7 +88,7 @@ def main() -> int:
         configs: list[tuple[str, int, int]] = [("plain", ef, K) for ef in EF] + [
             (args.kind, ef, c) for ef in EF for c in args.candidates if c <= ef
         ]
-        quant = reranked(args.kind, dim)
+        quant = quantized.reranked(args.kind, dim, filtered=False)
         times: dict[tuple[str, int, int], list[float]] = {c: [] for c in configs}
         recall: dict[tuple[str, int, int], list[float]] = {c: [] for c in configs}
         for i, q in enumerate(qs):
@@ -164,7 +102,7 @@ def main() -> int:
     print(
         f"`python bench/quantized_bench.py --kind {args.kind} --queries {args.queries}` on "
         f"{rows:,} synthetic chunks: plain HNSW index {plain}, {args.kind} index {size} "
-        f"(built: {took}); load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after\n"
+        f"({took}); load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after\n"
     )
     print("| index | ef_search | candidates re-ranked | recall@10 | p50 ms | p95 ms |")
     print("|---|---:|---:|---:|---:|---:|")

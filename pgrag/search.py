@@ -271,7 +271,9 @@ _PLAN: LiteralString = (
 # in autocommit runs up to its sync, which holds them and the statement (one round trip, no
 # BEGIN or COMMIT to send; psycopg's transaction() inside a pipeline waited for the server
 # three more times: 0.45 against 0.14 ms for a trivial statement). Written as literals, one
-# statement per plan (set_config over jsonb_each_text of a parameter cost 35 µs more).
+# statement per plan (set_config over jsonb_each_text of a parameter cost 35 µs more),
+# prepared with the plan's statement (_prepare): parsed and planned each time it cost 30-40 µs
+# of a 0.5 ms search (0.1% of 100,000 chunks, docs/benchmarks.md).
 _SET_LOCAL = sql.SQL("set_config({}, {}, true)")
 
 
@@ -534,7 +536,8 @@ def _shape(params: Mapping[str, Any]) -> tuple[Any, ...]:
 
 
 def _prepare(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], kept: _KeptPlan) -> bool:
-    """Whether the plan's statement is prepared: at once, since a kept plan is run again (its
+    """Whether the plan's statements (its settings and its search) are prepared: at once, since a
+    kept plan is run again (its
     first five runs, each planned as psycopg's threshold would have them, were the p95 of a
     50-query sweep), unless the plan says it is too long to hold or the connection prepares
     nothing (``prepare_threshold=None``: behind a pooler in transaction mode)."""
@@ -739,7 +742,7 @@ def _run_plan(conn: psycopg.Connection[Any], step: _Search, kept: _KeptPlan | No
                     row = plan_cur.execute(_PLAN, step.params, prepare=False).fetchone()
                 assert row is not None
                 kept = _PLANS.put(conn, step.shape, row)
-            conn.cursor(row_factory=tuple_row).execute(kept.settings)
+            conn.cursor(row_factory=tuple_row).execute(kept.settings, prepare=_prepare(conn, kept))
             cur = psycopg.RawCursor(conn, row_factory=args_row(_Row))
             _adapt_vector_param(cur.adapters)
             cur.execute(kept.statement, _bound(step), prepare=_prepare(conn, kept))
@@ -826,7 +829,9 @@ async def _arun_plan(
                     row = await plan_cur.fetchone()
                 assert row is not None
                 kept = _PLANS.put(conn, step.shape, row)
-            await conn.cursor(row_factory=tuple_row).execute(kept.settings)
+            await conn.cursor(row_factory=tuple_row).execute(
+                kept.settings, prepare=_prepare(conn, kept)
+            )
             cur = psycopg.AsyncRawCursor(conn, row_factory=args_row(_Row))
             _adapt_vector_param(cur.adapters)
             await cur.execute(kept.statement, _bound(step), prepare=_prepare(conn, kept))

@@ -331,7 +331,10 @@ def test_the_client_keeps_a_plan_per_shape_and_runs_it_in_one_round_trip(
             assert conn.execute(ef).fetchone() == before  # nothing outlived the search
             if not autocommit:
                 conn.rollback()
-            # one round trip with a kept plan: one Sync in the protocol trace
+            # one round trip with a kept plan: one Sync in the protocol trace (run once first:
+            # the rollback above deallocated its prepared statements)
+            _alone(conn, vector=qs[1], model="synthetic", k=5, mode="vector",
+                     filter=FILTERS["1%"])  # fmt: skip
             trace = conn.pgconn
             with tempfile.TemporaryFile("w+") as f:
                 trace.trace(f.fileno())
@@ -341,11 +344,14 @@ def test_the_client_keeps_a_plan_per_shape_and_runs_it_in_one_round_trip(
                 f.seek(0)
                 sent = [line.split("\t")[3].strip() for line in f if "\tF\t" in line]
             assert sent.count("Sync") == 1, sent
-            # prepared at its first run (a rollback, as above, deallocates them all)
+            # its settings and its statement prepared at their first run: a kept plan's round
+            # trip parses nothing
+            assert "Parse" not in sent, sent
             names = conn.execute(
                 "select statement from pg_prepared_statements where name like '\\_pg3\\_%'"
             ).fetchall()
             assert any("matched as materialized" in r[0] for r in names)
+            assert any("set_config('hnsw.ef_search'" in r[0] for r in names)
             if not autocommit:
                 conn.rollback()
     # a connection that prepares nothing (behind a pooler in transaction mode) gets nothing

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import psycopg
 
-from pgrag.lab import sweep, synthetic
+from pgrag.lab import quantized, sweep, synthetic
 
 from .conftest import run_pgrag
 
@@ -158,3 +158,32 @@ def test_bench_tunes_on_held_out_questions_not_on_chunk_vectors(db_url: str) -> 
         held_out, _ = synthetic.queries(50, seed=13)
         test_set, _ = synthetic.queries(50)
         assert not np.allclose(held_out[0], test_set[0])
+
+
+def test_the_quantized_index_gets_rows_beside_the_plain_one_and_goes_when_not_asked(
+    db_url: str,
+) -> None:
+    synthetic.load(db_url, 3_000, quiet=True)
+    note = sweep.set_quantized(db_url, "halfvec")
+    assert "halfvec(384)" in note and "built in" in note
+    assert "existing" in sweep.set_quantized(db_url, "halfvec")  # kept for the next run
+    rep = sweep.sweep_size(
+        db_url, queries=5, ef_values=(20, 40, 100), stages=False, quantized_kind="halfvec"
+    )
+    engine = sweep.quantized_engine("halfvec")
+    rows = [r for r in rep.results if r.engine == engine]
+    # one row per ef_search that holds the candidates, under every filter, iterative
+    assert {(r.selectivity, r.ef_search) for r in rows} == {
+        (s, ef) for s in synthetic.SELECTIVITIES for ef in (40, 100)
+    }
+    assert all(r.iterative for r in rows)
+    for r in rows:  # the exact re-rank of a halfvec walk finds the exact answer on 3,000 chunks
+        expected = min(10, 3_000 // {"100%": 1, "10%": 10, "1%": 100, "0.1%": 1000}[r.selectivity])
+        assert r.rows_min == expected and r.recall >= 0.9
+    md = sweep.markdown([dataclasses.replace(rep, quantized=note)], "pgrag bench search")
+    assert f"| 10% | {engine} | 40 | yes |" in md and note in md
+    # compared with pgrag, bare pgvector is still the plain index's rows
+    assert all(c.bare == "" or "ef" in c.bare for c in sweep.compare_at_recall(rep.results))
+    assert sweep.set_quantized(db_url, None) == ""
+    with psycopg.connect(db_url) as conn:
+        assert quantized.present(conn) == []

@@ -37,7 +37,7 @@ from pgvector.psycopg import register_vector
 from psycopg import sql
 
 from pgrag.errors import MissingDependency
-from pgrag.lab import synthetic
+from pgrag.lab import quantized, synthetic
 from pgrag.limits import check_query_vector
 
 if TYPE_CHECKING:
@@ -66,6 +66,13 @@ _PLAN_EF: LiteralString = (
     "%(f)s::jsonb, null, null, null, null, null, null, null)"
 )
 COLUMNS_ENGINE = "pgvector, pgrag's columns"
+
+
+def quantized_engine(kind: str) -> str:
+    """The engine name of the rows that walk a quantized index (pgrag/lab/quantized.py)."""
+    return f"pgvector, {kind} index, {quantized.CANDIDATES} re-ranked"
+
+
 _INDEX_OPTIONS: LiteralString = (
     "select reloptions from pg_class where oid = 'pgrag.chunks_embedding_hnsw'::regclass"
 )
@@ -135,6 +142,7 @@ class SizeReport:
     filter_indexes: str = ""  # which filters had a filter index (pgrag/filter_index.py)
     # filter -> pgrag's first search of its shape on the sweep's connection (the warm-up)
     pgrag_first_ms: dict[str, float] = field(default_factory=dict)
+    quantized: str = ""  # the quantized index whose rows the run has (set_quantized)
 
 
 def _pct(values: Sequence[float], q: float) -> float:
@@ -227,6 +235,31 @@ def bare_columns(
             params = {"f": json.dumps(flt), "v": VectorParam(check_query_vector(v)), "k": k}
             t = time.perf_counter()
             rows = cur.execute(_FILTERED_COLUMNS, params, prepare=False).fetchall()
+            ms = (time.perf_counter() - t) * 1000
+    return ms, [int(r[0]) for r in rows]
+
+
+def bare_quantized(
+    conn: psycopg.Connection[Any], v: Any, flt: dict[str, Any], k: int, ef: int, kind: str
+) -> tuple[float, list[int]]:
+    """The bare statement over the quantized index, its candidates re-ranked exactly, with
+    the iterative scan (a filter leaves fewer than the candidates otherwise)."""
+    from pgrag.search import VectorParam, _adapt_vector_param
+
+    _top_level(conn)
+    stmt = quantized.reranked(kind, synthetic.DIM, filtered=True)
+    with conn.transaction():
+        conn.execute(_SETTINGS, {"ef": str(ef), "it": "relaxed_order"})
+        with conn.cursor() as cur:
+            _adapt_vector_param(cur.adapters)
+            params = {
+                "f": json.dumps(flt),
+                "q": VectorParam(check_query_vector(v)),
+                "k": k,
+                "c": max(quantized.CANDIDATES, k),
+            }
+            t = time.perf_counter()
+            rows = cur.execute(stmt, params, prepare=False).fetchall()
             ms = (time.perf_counter() - t) * 1000
     return ms, [int(r[0]) for r in rows]
 
@@ -337,6 +370,25 @@ def set_filter_indexes(url: str, wanted: bool, progress: Progress | None = None)
     return "; ".join(notes) + " (the planner picks them for the bare pgvector statement too)"
 
 
+def set_quantized(url: str, kind: str | None) -> str:
+    """With ``kind``, its quantized index (built unless present), the others dropped; without,
+    none at all (they take shared_buffers from the plain index). What the store has, as a note."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        for other in quantized.present(conn):
+            if other != kind:
+                quantized.drop(conn, other)
+        if kind is None:
+            return ""
+        size, took = quantized.ensure_index(conn, kind, maintenance_work_mem="4GB")
+    expr = quantized.KINDS[kind][0].format(v="embedding", d=synthetic.DIM)
+    return (
+        f"an HNSW index over `{expr}` ({quantized.KINDS[kind][1]}, the store index's m and "
+        f"ef_construction), {size}, {took}; its rows walk it for {quantized.CANDIDATES} "
+        "candidates (the iterative scan on) and re-rank them by the exact cosine distance in "
+        "the same statement"
+    )
+
+
 def _relabel(progress: Progress | None, label: str) -> Progress | None:
     if progress is None:
         return None
@@ -372,8 +424,10 @@ def sweep_size(
     ef_values: Sequence[int] = EF_VALUES,
     stages: bool = True,
     progress: Progress | None = None,
+    quantized_kind: str | None = None,
 ) -> SizeReport:
-    """The sweep on one loaded synthetic store."""
+    """The sweep on one loaded synthetic store; with ``quantized_kind``, rows over that
+    quantized index too (set_quantized builds it)."""
     qvecs, _ = synthetic.queries(queries)
     warm = synthetic.queries(1, seed=WARM_UP_SEED)[0][0]
     load_before = os.getloadavg()[0]
@@ -401,18 +455,31 @@ def sweep_size(
             Key = tuple[int, bool] | str | None
             got: dict[Key, list[list[int]]] = {c: [] for c in configs}
             times: dict[Key, list[float]] = {c: [] for c in configs}
-            got[None], times[None], scans = [], [], set()
+            scans: set[str] = set()
+            got[None], times[None] = [], []
             got["columns"], times["columns"] = [], []
-            rota: list[Key] = [*configs, "columns", None]
+            # the quantized index's rows: "q<ef_search>"
+            quant: list[Key] = [
+                f"q{ef}" for ef in ef_values if quantized_kind and ef >= quantized.CANDIDATES
+            ]
+            for q in quant:
+                got[q], times[q] = [], []
+            rota: list[Key] = [*configs, "columns", *quant, None]
             # one untimed pass first, on a vector of its own: every configuration's first
             # statement on this connection (psycopg's, the server's and pgrag's plans) is not
             # its steady state; pgrag's first search of the filter's shape is reported apart
-            first[label] = _warm_up(conn, rota, warm, flt, k, plan_ef)
+            first[label] = _warm_up(conn, rota, warm, flt, k, plan_ef, quantized_kind)
             for i in range(queries):
                 shift = i % len(rota)
                 for c in rota[shift:] + rota[:shift]:
                     if c == "columns":
                         ms, ids = bare_columns(conn, qvecs[i], flt, k, plan_ef)
+                        times[c].append(ms)
+                        got[c].append(ids)
+                        continue
+                    if isinstance(c, str):
+                        assert quantized_kind is not None
+                        ms, ids = bare_quantized(conn, qvecs[i], flt, k, int(c[1:]), quantized_kind)
                         times[c].append(ms)
                         got[c].append(ids)
                         continue
@@ -443,6 +510,12 @@ def sweep_size(
                 _row(COLUMNS_ENGINE, label, plan_ef, True, got["columns"], truth,
                      times["columns"])
             )  # fmt: skip
+            for c in quant:
+                assert isinstance(c, str)
+                results.append(
+                    _row(quantized_engine(quantized_kind or ""), label, int(c[1:]), True,
+                         got[c], truth, times[c])
+                )  # fmt: skip
             results.append(
                 _row(
                     "pgrag",
@@ -480,12 +553,16 @@ def _warm_up(
     flt: dict[str, Any],
     k: int,
     plan_ef: int,
+    quantized_kind: str | None,
 ) -> float:
     """Each configuration of ``rota`` once on ``v``, untimed; pgrag's search's milliseconds."""
     ms = 0.0
     for c in rota:
         if c == "columns":
             bare_columns(conn, v, flt, k, plan_ef)
+        elif isinstance(c, str):
+            assert quantized_kind is not None
+            bare_quantized(conn, v, flt, k, int(c[1:]), quantized_kind)
         elif isinstance(c, tuple):
             bare(conn, v, flt, k, c[0], c[1])
         else:
@@ -726,7 +803,10 @@ def markdown(reports: Sequence[SizeReport], command: str, stem: str = "search-sw
         "`pgrag.search.search(mode='vector')` with its defaults. Each bare statement is timed "
         "inside a transaction begun before it, after its `set_config` of ef_search and the "
         "iterative scan; pgrag's call is timed whole, called outside any transaction as an "
-        "application calls it (its settings and statement in one round trip).",
+        "application calls it (its settings and statement in one round trip). With "
+        "`--quantized`, rows over a quantized index (`pgrag/lab/quantized.py`) walk it for "
+        f"{quantized.CANDIDATES} candidates and re-rank them exactly, as pgvector's README "
+        "describes.",
         "",
     ]
     for rep in reports:
@@ -739,6 +819,7 @@ def markdown(reports: Sequence[SizeReport], command: str, stem: str = "search-sw
             f"Memory: {rep.memory}."
             + (f" Tuning: {rep.tuned}." if rep.tuned else "")
             + (f" Filter indexes: {rep.filter_indexes}." if rep.filter_indexes else "")
+            + (f" Quantized index: {rep.quantized}." if rep.quantized else "")
             + (f" Load and index build: {rep.load_seconds:.0f} s." if rep.load_seconds else ""),
             "",
             f"![recall and p95 latency at {rep.rows:,} chunks](img/{stem}-{rep.rows}.png)",
@@ -876,19 +957,30 @@ def run(
     progress: Progress | None = None,
     tune: bool = False,
     filter_indexes: bool = False,
+    quantized_kind: str | None = None,
 ) -> list[SizeReport]:
     """Load (or reuse) each size, sweep it, write the markdown and the plots. With ``tune``,
     ``pgrag tune`` first sizes ef_search on held-out questions (``synthetic.seed_questions``);
-    with ``filter_indexes``, the 10% and 1% filters get a filter index, else none has one."""
+    with ``filter_indexes``, the 10% and 1% filters get a filter index, else none has one; with
+    ``quantized_kind``, rows over that quantized index beside the plain one's."""
     reports = []
     for n in sizes:
         url = size_database(base_url, n, hnsw_m, hnsw_ef_construction)
         seconds = ensure_loaded(url, n, reload)
         indexes = set_filter_indexes(url, filter_indexes, progress)
+        quantized_note = set_quantized(url, quantized_kind)
         tuned = tune_on_questions(url, k) if tune else worker_tuning(url, progress)
-        rep = sweep_size(url, queries=queries, k=k, progress=progress)
+        rep = sweep_size(
+            url, queries=queries, k=k, progress=progress, quantized_kind=quantized_kind
+        )
         reports.append(
-            dataclasses.replace(rep, tuned=tuned, load_seconds=seconds, filter_indexes=indexes)
+            dataclasses.replace(
+                rep,
+                tuned=tuned,
+                load_seconds=seconds,
+                filter_indexes=indexes,
+                quantized=quantized_note,
+            )
         )
         plot(reports[-1], out_dir / "img" / f"{_stem(out_name)}-{n}.png")
     (out_dir / out_name).write_text(markdown(reports, command, _stem(out_name)) + "\n")
