@@ -311,7 +311,8 @@ as $fn$
 -- What a declarer's code running in another role's session could leave behind for that role's
 -- later statements (pgrag._check_generated_after; its prepared statements are compared there):
 -- the search_path (a non-local set_config outlives the function that sets it, SET clause or
--- not), pgrag's own settings (pgrag.sync 'off' would skip the session's later renders), the
+-- not), pgrag's own settings, every one pgrag reads (pgrag.sync 'off' would skip the
+-- session's later renders; tests/security/test_escalations.py holds the list to this), the
 -- open cursors (a WITH HOLD cursor runs its query at the caller's commit, as the caller: found
 -- by review), and the temporary relations and types, each by oid (a temp view named like the
 -- caller's table; counted, they let a DISCARD TEMP and as many new objects pass: found by
@@ -334,6 +335,18 @@ declare
         pg_catalog.current_setting('pgrag.truncated', true),
         pg_catalog.current_setting('pgrag.keyed_at', true),
         pg_catalog.current_setting('pgrag.defer_tsv', true),
+        -- (and those that shape the session's later searches: a view that left ef_search at
+        -- 1000, or the filters' kept estimates forged, slowed or thinned every search after it)
+        pg_catalog.current_setting('pgrag.ef_search', true),
+        pg_catalog.current_setting('pgrag.filter_estimates', true),
+        -- (and the options a migration reads: pgrag/migrate.py sets them for its session)
+        pg_catalog.current_setting('pgrag.drop_data', true),
+        pg_catalog.current_setting('pgrag.embedding_dim', true),
+        pg_catalog.current_setting('pgrag.hnsw_m', true),
+        pg_catalog.current_setting('pgrag.hnsw_ef_construction', true),
+        pg_catalog.current_setting('pgrag.reader_role', true),
+        pg_catalog.current_setting('pgrag.writer_role', true),
+        pg_catalog.current_setting('pgrag.tenant_partitions', true),
         temp_schema,
         (select pg_catalog.string_agg(pg_catalog.concat(c.name, '@', c.creation_time, '@',
                                                         c.is_holdable), ',' order by c.name)

@@ -8,6 +8,8 @@ Each test fails on the release before 0009: the attack made the attacker a super
 from __future__ import annotations
 
 import contextlib
+import re
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -417,6 +419,69 @@ def test_declared_code_cannot_leave_state_in_the_callers_session(scene: Scene) -
         assert "changed this session" in message
         assert conn.execute("show search_path").fetchone() == path
     assert not scene.attacker_is_superuser()
+
+
+# pgrag's settings, as its SQL and its Python name them
+_PGRAG_SETTING = re.compile(r"""(?:set_config|current_setting)\(\s*['"](pgrag\.[a-z_]+)['"]""")
+_PGRAG_OPTION = re.compile(r"""["'](pgrag\.[a-z_]+)["']\s*:""")  # migrate.py's options
+
+
+def test_the_session_state_compared_holds_every_pgrag_setting(db_url: str) -> None:
+    """A setting pgrag reads that the comparison around a declarer's call leaves out is one
+    that call may change for the caller's later statements (a review found pgrag.defer_tsv
+    missing; pgrag.ef_search and the filters' kept estimates were). Every one pgrag's SQL or
+    Python names is in pgrag._session_state."""
+    root = Path(__file__).resolve().parents[2]
+    named: set[str] = set()
+    for path in [*(root / "sql").rglob("*.sql"), *(root / "pgrag").rglob("*.py")]:
+        text = path.read_text()
+        named |= set(_PGRAG_SETTING.findall(text))
+    named |= set(_PGRAG_OPTION.findall((root / "pgrag" / "migrate.py").read_text()))
+    with psycopg.connect(db_url) as conn:
+        (body,) = conn.execute(
+            "select prosrc from pg_proc where oid = 'pgrag._session_state'::regproc"
+        ).fetchone() or ("",)
+        # (a dict's keys may be tables: pgrag.settings, pgrag.doc_stats...)
+        named = {
+            n for n in named if conn.execute("select to_regclass(%s)", (n,)).fetchone() == (None,)
+        }
+    assert {"pgrag.sync", "pgrag.ef_search", "pgrag.drop_data"} <= named
+    assert {n for n in named if f"'{n}'" not in body} == set()
+
+
+@pytest.mark.parametrize("setting", ["pgrag.ef_search", "pgrag.filter_estimates"])
+def test_declared_code_cannot_change_the_callers_later_searches(scene: Scene, setting: str) -> None:
+    """A declarer's view that leaves pgrag.ef_search at 1000 (every later search of the
+    caller's session slow) or forges the filters' kept estimates: the call is undone."""
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(
+                "create function {}.tamper() returns text language plpgsql volatile as $$ "
+                "begin if session_user <> {} then "
+                "perform pg_catalog.set_config({}, '1000', false); end if; return ''; end $$"
+            )
+            .format(sql.Identifier(scene.schema), sql.Literal(scene.role), sql.Literal(setting))
+            .as_bytes(conn)
+        )
+        conn.execute(
+            sql.SQL("grant execute on function {}.tamper() to public").format(
+                sql.Identifier(scene.schema)
+            )
+        )
+        conn.execute(
+            "select pgrag.declare_document('things', $$select t.id as source_key, t.name || "
+            f"{scene.schema}.tamper() as text from attack.things t$$, "
+            '\'{"attack.things": "select id from changed"}\')'
+        )
+    with psycopg.connect(scene.app, autocommit=True) as conn:
+        now = "select coalesce(current_setting(%s, true), '')"  # ('': a placeholder made)
+        before = conn.execute(now, (setting,)).fetchone()
+        conn.execute("select pgrag.refresh('things', array['1'])")
+        (message,) = conn.execute(
+            "select message from pgrag.render_errors where doc_type = 'things'"
+        ).fetchone() or ("",)
+        assert "changed this session" in message, message
+        assert conn.execute(now, (setting,)).fetchone() == before
 
 
 @pytest.mark.parametrize(
