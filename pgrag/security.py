@@ -40,11 +40,23 @@ def tenant_scope(conn: psycopg.Connection[Any], tenant: str | None) -> Iterator[
         yield
         return
     check_tenant(tenant)
+    own = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     with conn.transaction():
         row = conn.execute(_CURRENT).fetchone()
         conn.execute(_SET_LOCAL, {"tenant": tenant})
         yield
-        conn.execute(_SET_LOCAL, {"tenant": row[0] if row else ""})
+        conn.execute(_restore(own), {"tenant": row[0] if row else ""})
+
+
+def _restore(own_transaction: bool) -> LiteralString:
+    """How a scope puts the previous tenant back. Declared code the block runs (statistics, a
+    refresh) runs in this session, and may make the scope's local value the session's
+    (``set_config('pgrag.tenant', <the same value>, false)``: the same value, so pgrag's
+    comparison around the call sees no change), which a local restore leaves in place after
+    the commit: the pooled connection's next caller would read that tenant's chunks (found by
+    review). A block that is its own transaction restores the session's value itself; inside
+    the caller's transaction, a local value (the caller's own SET LOCAL keeps its meaning)."""
+    return _SET_SESSION if own_transaction else _SET_LOCAL
 
 
 @contextlib.asynccontextmanager
@@ -56,12 +68,13 @@ async def atenant_scope(
         yield
         return
     check_tenant(tenant)
+    own = conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     async with conn.transaction():
         cur = await conn.execute(_CURRENT)
         row = await cur.fetchone()
         await conn.execute(_SET_LOCAL, {"tenant": tenant})
         yield
-        await conn.execute(_SET_LOCAL, {"tenant": row[0] if row else ""})
+        await conn.execute(_restore(own), {"tenant": row[0] if row else ""})
 
 
 def set_session_tenant(conn: psycopg.Connection[Any], tenant: str) -> None:

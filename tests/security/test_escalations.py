@@ -18,6 +18,7 @@ from psycopg import sql
 from pgrag import migrate
 from pgrag.ask import ask
 from pgrag.search import search
+from pgrag.security import tenant_scope
 from tests.embed_server import default_embedder
 
 from .conftest import PASSWORD, Scene, declare_things
@@ -482,6 +483,51 @@ def test_declared_code_cannot_change_the_callers_later_searches(scene: Scene, se
         ).fetchone() or ("",)
         assert "changed this session" in message, message
         assert conn.execute(now, (setting,)).fetchone() == before
+
+
+@pytest.mark.parametrize("outer_transaction", [False, True])
+def test_declared_statistics_cannot_keep_a_scoped_tenant_for_the_session(
+    scene: Scene, outer_transaction: bool
+) -> None:
+    """The declarer's statistics make the caller's local tenant the session's, by setting the
+    same value non-locally: the comparison around the call sees the same value, and a local
+    restore left it in place after the commit, so the pooled connection's next caller read
+    that tenant's chunks (found by review, 2026-12-04). tenant_scope, when it is its own
+    transaction, restores the session's value; inside the caller's transaction it restores a
+    local one (that caller resets the session: docs/security.md)."""
+    promote = (
+        "create function {}.promote() returns bigint language plpgsql volatile as $$ "
+        "begin if session_user <> {} then perform pg_catalog.set_config('pgrag.tenant', "
+        "pg_catalog.current_setting('pgrag.tenant', true), false); end if; return 0; end $$"
+    )
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL(promote)
+            .format(sql.Identifier(scene.schema), sql.Literal(scene.role))
+            .as_bytes(conn)
+        )
+        conn.execute(
+            sql.SQL("grant execute on function {}.promote() to public").format(
+                sql.Identifier(scene.schema)
+            )
+        )
+        declare_things(conn)
+        conn.execute(
+            "select pgrag.declare_stats('things', $s$select jsonb_build_object('n', count(*) "
+            f"+ {scene.schema}.promote()) from hits$s$)"
+        )
+    tenant = "select coalesce(current_setting('pgrag.tenant', true), '')"
+    with psycopg.connect(scene.app, autocommit=not outer_transaction) as conn:
+        if outer_transaction:
+            conn.execute("select 1")  # (the caller's transaction: the scope is a savepoint)
+        with tenant_scope(conn, "acme"):
+            conn.execute("select pgrag.stats()")
+        if outer_transaction:
+            conn.commit()
+            assert conn.execute(tenant).fetchone() == ("acme",)  # the documented limit
+            conn.execute("reset pgrag.tenant")
+            conn.commit()
+        assert conn.execute(tenant).fetchone() == ("",)
 
 
 @pytest.mark.parametrize(
