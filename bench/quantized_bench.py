@@ -72,7 +72,7 @@ def main() -> int:
             )
             return 2
         dim = quantized.dimension(conn)
-        size, took = quantized.ensure_index(conn, args.kind)
+        size, took = quantized.ensure_index(conn, args.kind, dim)
         plain_row = conn.execute(
             "select pg_size_pretty(pg_relation_size('pgrag.chunks_embedding_hnsw'::regclass))"
         ).fetchone()

@@ -184,6 +184,10 @@ def test_the_quantized_index_gets_rows_beside_the_plain_one_and_goes_when_not_as
     assert f"| 10% | {engine} | 40 | yes |" in md and note in md
     # compared with pgrag, bare pgvector is still the plain index's rows
     assert all(c.bare == "" or "ef" in c.bare for c in sweep.compare_at_recall(rep.results))
+    # a run without it drops it, and says so; so does a reload (the load would be slow)
+    assert "halfvec index of an earlier run dropped" in sweep.set_quantized(db_url, None)
     assert sweep.set_quantized(db_url, None) == ""
+    sweep.set_quantized(db_url, "halfvec")
+    synthetic.load(db_url, 1_000, quiet=True)
     with psycopg.connect(db_url) as conn:
         assert quantized.present(conn) == []

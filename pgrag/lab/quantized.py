@@ -57,10 +57,11 @@ def dimension(conn: psycopg.Connection[Any]) -> int:
 
 
 def ensure_index(
-    conn: psycopg.Connection[Any], kind: str, maintenance_work_mem: str = "2GB"
+    conn: psycopg.Connection[Any], kind: str, dim: int, maintenance_work_mem: str = "2GB"
 ) -> tuple[str, str]:
-    """The quantized index, built now if missing (``conn`` in autocommit): its size, and the
-    build's seconds or 'existing'."""
+    """The quantized index over ``dim``-dimension vectors (the dimension its statement casts
+    the query to: ``reranked``), built now if missing (``conn`` in autocommit): its size, and
+    the build's seconds or 'existing'."""
     expr, ops, _ = KINDS[kind]
     name = index_name(kind)
     took = "existing"
@@ -78,7 +79,7 @@ def ensure_index(
                 "with (m = {}, ef_construction = {})"
             ).format(
                 sql.Identifier(name),
-                sql.SQL(expr.format(v="embedding", d=dimension(conn))),
+                sql.SQL(expr.format(v="embedding", d=dim)),
                 sql.SQL(ops),
                 sql.Literal(m),
                 sql.Literal(efc),

@@ -22,6 +22,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from pgrag import filter_index
+from pgrag.lab import quantized
 
 DIM = 384
 CLUSTERS = 200
@@ -156,6 +157,8 @@ def store(
         conn.execute("drop index pgrag.chunks_embedding_hnsw")
         for index in filter_index.list_indexes(conn):  # none slows the load down
             conn.execute(sql.SQL("drop index {}").format(sql.Identifier("pgrag", index.name)))
+        for kind in quantized.present(conn):  # (a sweep's --quantized builds it again)
+            quantized.drop(conn, kind)
         conn.execute("delete from pgrag.chunks")
         conn.execute("update pgrag.settings set embedding_model = 'synthetic'")
         register(conn)
