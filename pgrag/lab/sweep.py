@@ -226,18 +226,10 @@ def bare_columns(
     conn: psycopg.Connection[Any], v: Any, flt: dict[str, Any], k: int, ef: int
 ) -> tuple[float, list[int]]:
     """The bare statement returning pgrag's columns, at pgrag's ef_search, iterative."""
-    from pgrag.search import VectorParam, _adapt_vector_param
+    from pgrag.search import VectorParam
 
-    _top_level(conn)
-    with conn.transaction():
-        conn.execute(_SETTINGS, {"ef": str(ef), "it": "relaxed_order"})
-        with conn.cursor() as cur:
-            _adapt_vector_param(cur.adapters)
-            params = {"f": json.dumps(flt), "v": VectorParam(check_query_vector(v)), "k": k}
-            t = time.perf_counter()
-            rows = cur.execute(_FILTERED_COLUMNS, params, prepare=False).fetchall()
-            ms = (time.perf_counter() - t) * 1000
-    return ms, [int(r[0]) for r in rows]
+    params = {"f": json.dumps(flt), "v": VectorParam(check_query_vector(v)), "k": k}
+    return _timed_iterative(conn, _FILTERED_COLUMNS, params, ef)
 
 
 @functools.cache
@@ -252,20 +244,29 @@ def bare_quantized(
 ) -> tuple[float, list[int]]:
     """The bare statement over the quantized index, its candidates re-ranked exactly, with
     the iterative scan (a filter leaves fewer than the candidates otherwise)."""
-    from pgrag.search import VectorParam, _adapt_vector_param
+    from pgrag.search import VectorParam
+
+    params = {
+        "f": json.dumps(flt),
+        "q": VectorParam(check_query_vector(v)),
+        "k": k,
+        "c": max(quantized.CANDIDATES, k),
+    }
+    return _timed_iterative(conn, _quantized_statement(kind), params, ef)
+
+
+def _timed_iterative(
+    conn: psycopg.Connection[Any], stmt: LiteralString | bytes, params: dict[str, Any], ef: int
+) -> tuple[float, list[int]]:
+    """A bare statement in a transaction of its own, at ``ef`` with the iterative scan: its
+    milliseconds (the statement and its rows alone, the settings outside) and its ids."""
+    from pgrag.search import _adapt_vector_param
 
     _top_level(conn)
-    stmt = _quantized_statement(kind)
     with conn.transaction():
         conn.execute(_SETTINGS, {"ef": str(ef), "it": "relaxed_order"})
         with conn.cursor() as cur:
             _adapt_vector_param(cur.adapters)
-            params = {
-                "f": json.dumps(flt),
-                "q": VectorParam(check_query_vector(v)),
-                "k": k,
-                "c": max(quantized.CANDIDATES, k),
-            }
             t = time.perf_counter()
             rows = cur.execute(stmt, params, prepare=False).fetchall()
             ms = (time.perf_counter() - t) * 1000
