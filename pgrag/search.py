@@ -536,11 +536,11 @@ def _shape(params: Mapping[str, Any]) -> tuple[Any, ...]:
 
 
 def _prepare(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], kept: _KeptPlan) -> bool:
-    """Whether the plan's statements (its settings and its search) are prepared: at once, since a
-    kept plan is run again (its
-    first five runs, each planned as psycopg's threshold would have them, were the p95 of a
-    50-query sweep), unless the plan says it is too long to hold or the connection prepares
-    nothing (``prepare_threshold=None``: behind a pooler in transaction mode)."""
+    """Whether the plan's statements (its settings and its search) are prepared: at once,
+    since a kept plan is run again (its first five runs, each planned as psycopg's threshold
+    would have them, were the p95 of a 50-query sweep), unless the plan says it is too long to
+    hold or the connection prepares nothing (``prepare_threshold=None``: behind a pooler in
+    transaction mode)."""
     return kept.prepare and conn.prepare_threshold is not None
 
 

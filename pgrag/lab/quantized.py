@@ -65,7 +65,7 @@ def ensure_index(
     expr, ops, _ = KINDS[kind]
     name = index_name(kind)
     took = "existing"
-    if conn.execute("select to_regclass(%s)", (f"pgrag.{name}",)).fetchone() == (None,):
+    if kind not in present(conn):
         m, efc = conn.execute(
             "select hnsw_m, hnsw_ef_construction from pgrag.settings"
         ).fetchone() or (16, 64)
