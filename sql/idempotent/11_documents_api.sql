@@ -467,8 +467,9 @@ declare
     checked jsonb;
 begin
     fn := pgrag._generated('render', doc_type);
-    checked := pgrag._check_generated(fn, (select d.owner from pgrag.doc_types d
-                                            where d.name = _verify_keys.doc_type));
+    checked := pgrag._check_generated(
+        array[fn], array[(select d.owner from pgrag.doc_types d
+                           where d.name = _verify_keys.doc_type)]);
     begin
         execute format($sql$
             with src as (
@@ -508,7 +509,7 @@ begin
                or ($2 is not null and ch.linked_key is distinct from ch.parent_key)
             $sql$, pgrag._generated('render', doc_type), pgrag._limit('document_chars'))
         into found using doc_type, parent, keys;
-        perform pgrag._check_generated_after(fn, checked, pgrag._session_state());
+        perform pgrag._check_generated_after(array[fn], checked, pgrag._session_state());
         return found;
     exception
         when query_canceled or assert_failure then  -- (not caught by `when others`)
@@ -627,11 +628,12 @@ begin
             hint = '`pgrag documents list` shows the declared types';
     end if;
     fn := pgrag._generated('list', document_keys.doc_type);
-    checked := pgrag._check_generated(fn, (select d.owner from pgrag.doc_types d
-                                            where d.name = document_keys.doc_type));
+    checked := pgrag._check_generated(
+        array[fn], array[(select d.owner from pgrag.doc_types d
+                           where d.name = document_keys.doc_type)]);
     begin
         return query execute format('select k from pgrag_docs.%I() k', fn);
-        perform pgrag._check_generated_after(fn, checked, pgrag._session_state());
+        perform pgrag._check_generated_after(array[fn], checked, pgrag._session_state());
     exception
         when others or query_canceled or assert_failure then  -- (others: not the two)
             perform pgrag._undo_prepared(checked);  -- (a rollback keeps them)

@@ -99,11 +99,11 @@ begin
               order by s.doc_type loop
         checked := null;  -- (not an earlier type's, if the check below fails)
         fn := pgrag._generated('stats', t.doc_type);
-        checked := pgrag._check_generated(fn, t.owner);
+        checked := pgrag._check_generated(array[fn], array[t.owner]);
         begin
             execute format('select * from pgrag_docs.%I($1::jsonb, $2::text[])', fn)
                into one using filter, stats_detail.doc_types;
-            perform pgrag._check_generated_after(fn, checked, pgrag._session_state());
+            perform pgrag._check_generated_after(array[fn], checked, pgrag._session_state());
         exception
             when others or query_canceled or assert_failure then  -- (others: not the two)
                 perform pgrag._undo_prepared(checked);  -- (a rollback keeps them)

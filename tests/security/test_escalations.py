@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import re
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -955,3 +956,137 @@ def test_a_call_leaves_no_held_cursor_nor_temporary_objects_of_its_own(scene: Sc
             assert conn.execute("select x from foo").fetchone() == (1,)  # the caller's own
             assert conn.execute("select count(*) from pg_cursors").fetchone() == (0,)
         assert scene.ran_as() <= {scene.role}
+
+
+# ---- 6. a commit's types stored together, under one call guard (2026-12-05) ----
+
+# Code of the attacker's that leaves a mark outside the transaction (a sequence's value survives
+# the rollback that undoes a refused call) when it runs as any role but the attacker's.
+LEAK = """
+create sequence attack.leak;
+grant update, select on sequence attack.leak to public;
+create function {schema}.leak() returns integer language plpgsql volatile as $$
+begin
+    if current_user <> {role} then
+        perform pg_catalog.setval('attack.leak', 42);
+    end if;
+    return 1;
+end $$;
+grant execute on function {schema}.leak() to public;
+"""
+
+
+def _declare_two_types(scene: Scene, first_view_calls: str) -> None:
+    """The attacker's two types over its table: `things` (its view calls the given function of
+    the attacker's) and `zthings`, stored after it at a commit that changes both."""
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        role = sql.Literal(scene.role).as_string(conn)
+        conn.execute(LEAK.format(schema=scene.schema, role=role).encode())
+        for name, view in (
+            ("things", f"t.name || {scene.schema}.{first_view_calls}()"),
+            ("zthings", "'z ' || t.name"),
+        ):
+            conn.execute(
+                f"select pgrag.declare_document('{name}', $$select t.id as source_key, {view} "
+                'as text from attack.things t$$, \'{"attack.things": "select id from changed"}\')'
+            )
+            conn.execute(f"select pgrag.refresh('{name}')")
+
+
+def _write_and_render(conn: psycopg.Connection[Any]) -> None:
+    """The application's write, rendered in its own session (`pgrag.sync_now()`, which a
+    session calls to read its chunks before it commits; the commit's own render runs as the
+    role whose trigger queued it)."""
+    with conn.transaction():
+        conn.execute("update attack.things set name = name || '!' where id = 1")
+        conn.execute("select pgrag.sync_now()")
+
+
+def _leaked(scene: Scene) -> bool:
+    with psycopg.connect(scene.victim) as conn:
+        row = conn.execute("select last_value from attack.leak").fetchone()
+    return row is not None and row[0] == 42
+
+
+def test_a_commit_calls_each_of_its_types_functions_only_as_checked(scene: Scene) -> None:
+    """A writer's commit stores the types it changed together, under one check before the
+    calls and one after. A role that declared two of them owns both types' functions, so the
+    first one's code could replace the second one's store function (as a security invoker)
+    between the check and its call, and the second call would run the attacker's code as the
+    writer. Each function is compared again just before its call."""
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        conn.execute(
+            f"""
+            create function {scene.schema}.flip() returns text language plpgsql volatile as $$
+            begin
+                if session_user <> {sql.Literal(scene.role).as_string(conn)} then
+                    execute 'create or replace function pgrag_docs.store_zthings(keys text[])
+                             returns bigint language plpgsql security invoker as $b$
+                             begin perform {scene.schema}.leak(); return 0; end $b$';
+                end if;
+                return '';
+            end $$;
+            grant execute on function {scene.schema}.flip() to public;
+            """.encode()
+        )
+    _declare_two_types(scene, "flip")
+    with psycopg.connect(scene.app, autocommit=True) as conn:
+        _write_and_render(conn)
+        errors = [
+            r[0]
+            for r in conn.execute(
+                "select message from pgrag.render_errors where doc_type = 'zthings'"
+            ).fetchall()
+        ]
+        # the first type's document is stored: the refusal is the second's alone
+        assert conn.execute(
+            "select text from pgrag.chunks where doc_type = 'things' and source_key = '1'"
+        ).fetchone() == ("one!",)
+    assert not _leaked(scene)
+    assert any("runs as its caller" in e for e in errors), errors
+    assert not scene.attacker_is_superuser()
+
+
+def test_a_commit_runs_nothing_where_a_types_code_left_the_search_path(scene: Scene) -> None:
+    """Between two types' calls at one commit, pgrag's own statements (adding the counts,
+    reading the next keys) would look up operators and functions on the search_path the first
+    type's code set for the session: an operator `+` of the attacker's schema, first in it,
+    would run as the writer. The search_path is compared after each call; a type that changed
+    the session is then stored by itself and refused, the other stored."""
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        role = sql.Literal(scene.role).as_string(conn)
+        conn.execute(
+            f"""
+            create function {scene.schema}.plus(a bigint, b bigint) returns bigint
+                language plpgsql volatile as $$
+            begin
+                perform {scene.schema}.leak();
+                return a operator(pg_catalog.+) b;
+            end $$;
+            grant execute on function {scene.schema}.plus(bigint, bigint) to public;
+            create operator {scene.schema}.+ (leftarg = bigint, rightarg = bigint,
+                                              function = {scene.schema}.plus);
+            create function {scene.schema}.steer() returns text language plpgsql volatile as $$
+            begin
+                if session_user <> {role} then
+                    perform pg_catalog.set_config(
+                        'search_path', '{scene.schema}, pg_catalog, public', false);
+                end if;
+                return '';
+            end $$;
+            grant execute on function {scene.schema}.steer() to public;
+            """.encode()
+        )
+    _declare_two_types(scene, "steer")
+    with psycopg.connect(scene.app, autocommit=True) as conn:
+        path = conn.execute("show search_path").fetchone()
+        _write_and_render(conn)
+        assert conn.execute("show search_path").fetchone() == path
+        (message,) = conn.execute(
+            "select message from pgrag.render_errors where doc_type = 'things'"
+        ).fetchone() or ("",)
+        assert "changed this session" in message and "store_zthings" not in message, message
+        assert conn.execute(
+            "select text from pgrag.chunks where doc_type = 'zthings' and source_key = '1'"
+        ).fetchone() == ("z one!",)
+    assert not _leaked(scene)
