@@ -1090,3 +1090,79 @@ def test_a_commit_runs_nothing_where_a_types_code_left_the_search_path(scene: Sc
             "select text from pgrag.chunks where doc_type = 'zthings' and source_key = '1'"
         ).fetchone() == ("z one!",)
     assert not _leaked(scene)
+
+
+# A declarer's generated function made again with types of its own: PostgreSQL converts
+# pgrag's arguments to them, or the result from them, in the caller's call, running the
+# declarer's code as the caller (a domain's CHECK, a cast's function; found by an attacker's
+# review, 2026-12-05).
+_CONVERSIONS = {
+    "domain argument": """
+create function attack.chk(v text[]) returns boolean language plpgsql volatile as $$
+begin perform {schema}.evil(); return true; end $$;
+create domain attack.keys as text[] check (attack.chk(value));
+drop function pgrag_docs.{fn}(text[]);
+create function pgrag_docs.{fn}(keys attack.keys) returns {result}
+    language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
+begin return {value}; end $$;
+grant execute on function pgrag_docs.{fn}(attack.keys) to {writer};
+""",
+    "argument cast": """
+create type attack.kt as (k text[]);
+create function attack.tokt(v text[]) returns attack.kt language plpgsql volatile as $$
+begin perform {schema}.evil(); return row(v)::attack.kt; end $$;
+create cast (text[] as attack.kt) with function attack.tokt(text[]) as implicit;
+drop function pgrag_docs.{fn}(text[]);
+create function pgrag_docs.{fn}(keys attack.kt) returns {result}
+    language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
+begin return {value}; end $$;
+grant execute on function pgrag_docs.{fn}(attack.kt) to {writer};
+""",
+    "result cast": """
+create type attack.big as (x bigint);
+create function attack.tobig(v attack.big) returns {result} language plpgsql volatile as $$
+begin perform {schema}.evil(); return {value}; end $$;
+create cast (attack.big as {result}) with function attack.tobig(attack.big) as assignment;
+drop function pgrag_docs.{fn}(text[]);
+create function pgrag_docs.{fn}(keys text[]) returns attack.big
+    language plpgsql security definer set search_path = pg_catalog, pg_temp as $$
+begin return row(0)::attack.big; end $$;
+grant execute on function pgrag_docs.{fn}(text[]) to {writer};
+""",
+}
+
+
+@pytest.mark.parametrize("conversion", list(_CONVERSIONS))
+@pytest.mark.parametrize("types", [1, 2], ids=["one type", "two types"])
+def test_a_generated_function_made_again_with_types_of_its_own_is_not_run(
+    scene: Scene, conversion: str, types: int
+) -> None:
+    """pgrag calls a generated function only with the argument and result types it generates
+    it with (`pgrag._generated_signature`): a commit, a refresh and the worker run no
+    conversion the declarer wrote."""
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        declare_things(conn)
+        if types == 2:
+            declare_things(conn, "zthings")
+        (writer,) = conn.execute("select writer_role from pgrag.settings").fetchone() or ("",)
+        conn.execute(
+            _CONVERSIONS[conversion]
+            .format(
+                schema=scene.schema,
+                fn="store_things",
+                result="bigint",
+                value="0",
+                writer=sql.Identifier(writer).as_string(conn),
+            )
+            .encode()
+        )
+    with psycopg.connect(scene.victim, autocommit=True) as conn:
+        conn.execute("delete from attack.ran")
+    with psycopg.connect(scene.app, autocommit=True) as conn:
+        _write_and_render(conn)
+        conn.execute("select pgrag.refresh('things', array['2'])")
+        (message,) = conn.execute(
+            "select message from pgrag.render_errors where doc_type = 'things' limit 1"
+        ).fetchone() or ("",)
+    assert scene.ran_as() <= {scene.role}
+    assert "takes or returns types pgrag does not generate it with" in message, message
