@@ -551,7 +551,8 @@ begin
     -- enough, and the names and owners for its message are read only then)
     select x.owner, x.name into o
       from (select u.owner, min(u.name) as name
-              from unnest(names, owners) u(name, owner) group by u.owner) x
+              from unnest(names, owners) u(name, owner) group by u.owner
+            offset 0) x  -- (each owner once: not pushed below the grouping, 25 µs a call)
      where not pgrag._may_run_declared(x.owner)
      limit 1;
     if o.owner is not null then
