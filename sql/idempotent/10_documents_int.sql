@@ -185,37 +185,40 @@ return case when kind in ('sync', 'keys')
             else format('%s_%s', kind, doc_type) end;
 
 
+select pgrag._drop_if_changed(to_regprocedure('pgrag._generated_signature(text)'), 'record',
+                              'name text, OUT args oidvector, OUT result oid, OUT set_of '
+                              'boolean, OUT all_args oid[], OUT modes "char"[]');
+
 create or replace function pgrag._generated_signature(name text, out args oidvector,
                                                       out result oid, out set_of boolean,
-                                                      out all_args oid[])
+                                                      out all_args oid[], out modes "char"[])
 language sql immutable parallel safe security invoker
--- (a SQL-standard body and no SET clause: its names are bound when it is created, and the
--- guard's query inlines it)
--- The argument and result types pgrag generates a function of this name with (its kind is the
--- name's first word, pgrag._generated): render_, store_ and list_
+-- The argument and result types (and the arguments' modes) pgrag generates a function of this
+-- name with, by its kind, the name's first word (pgrag._generated): render_, store_ and list_
 -- (pgrag._create_render_function), keys_ (pgrag._create_sync_function), stats_
--- (pgrag._create_stats_function). The call
--- guard requires exactly these (pgrag._check_generated): the declarer owns its functions, and
--- one it made again taking a domain of its own (whose CHECK runs in the call), or a type of its
--- own with an implicit cast from text[] (or returning one with a cast to bigint), would run the
--- declarer's code as the caller through the conversion (found by an attacker's review,
--- 2026-12-05). No row: not a kind pgrag calls.
+-- (pgrag._create_stats_function). The call guard requires exactly these
+-- (pgrag._check_generated): the declarer owns its functions, and one it made again taking a
+-- domain of its own (whose CHECK runs in the call), or a type of its own with an implicit cast
+-- from text[] (or returning one with a cast to bigint), would run the declarer's code as the
+-- caller through the conversion (found by an attacker's review, 2026-12-05). No row: not a
+-- kind pgrag calls. (A SQL-standard body and no SET clause: its names are bound when it is
+-- created, and the guard's query inlines it.)
 begin atomic
-select x.args, x.result, x.set_of, x.all_args
+select x.args, x.result, x.set_of, x.all_args, x.modes
           from (values
               ('render', 'text[]'::regtype::oid::text::oidvector, 'record'::regtype::oid, true,
                array['text[]'::regtype, 'text'::regtype, 'text'::regtype, 'text'::regtype,
-                     'jsonb'::regtype, 'text'::regtype]::oid[]),
+                     'jsonb'::regtype, 'text'::regtype]::oid[], '{i,t,t,t,t,t}'::"char"[]),
               ('store', 'text[]'::regtype::oid::text::oidvector, 'bigint'::regtype::oid, false,
-               null),
-              ('list', ''::oidvector, 'text'::regtype::oid, true, null),
+               null, null),
+              ('list', ''::oidvector, 'text'::regtype::oid, true, null, null),
               ('keys', 'text[]'::regtype::oid::text::oidvector, 'text[]'::regtype::oid, false,
-               null),
+               null, null),
               ('stats', format('%s %s', 'jsonb'::regtype::oid, 'text[]'::regtype::oid)::oidvector,
                'record'::regtype::oid, false,
                array['jsonb'::regtype, 'text[]'::regtype, 'jsonb'::regtype,
-                     'boolean'::regtype]::oid[])
-          ) x(kind, args, result, set_of, all_args)
+                     'boolean'::regtype]::oid[], '{i,i,o,o}'::"char"[])
+          ) x(kind, args, result, set_of, all_args, modes)
          where x.kind = split_part(name, '_', 1);
 end;
 
@@ -567,7 +570,8 @@ begin
                  coalesce(bool_and(p.prokind = 'f' and p.provariadic = 0
                                    and p.pronargdefaults = 0 and p.proargtypes = sg.args
                                    and p.prorettype = sg.result and p.proretset = sg.set_of
-                                   and p.proallargtypes is not distinct from sg.all_args),
+                                   and p.proallargtypes is not distinct from sg.all_args
+                                   and p.proargmodes is not distinct from sg.modes),
                           false) as typed,
                  min(p.oid) as fn
             from pg_proc p
@@ -1102,6 +1106,23 @@ begin
                     rendered := case when doc.n = 1 then array[doc.key] end;
                 end if;
                 if doc.n = 1 then
+                    -- (what is stored first, as the statement above reads it in one snapshot:
+                    -- an UPDATE finding no row and a later look finding one committed meanwhile
+                    -- wrote nothing, found by review; a key stored twice, one of them as
+                    -- rendered, is left as it is)
+                    select coalesce(bool_or(
+                               (c.text, c.metadata, c.parent_key, c.parent_id, c.tenant,
+                                c.truncated_from)
+                               is not distinct from (doc.body, doc.meta, doc.parent,
+                                                     doc.parent_id, doc.tenant, doc.cut)
+                               and (c.tsv is not null or (%6$s) is true)), false),
+                           count(*) > 0
+                      into doc_same, doc_stored
+                      from pgrag.chunks c
+                     where c.doc_type = %2$L and c.source_key = doc.key;
+                end if;
+                doc_wrote := false;
+                if doc.n = 1 and doc_stored and not doc_same then
                     update pgrag.chunks as c
                        set text = doc.body,
                            metadata = doc.meta,
@@ -1124,46 +1145,46 @@ begin
                             or (c.tsv is null and (%6$s) is not true))
                     returning c.embedding is null into doc_pending;
                     doc_wrote := found;
-                    if not doc_wrote
-                       and not exists (select from pgrag.chunks c
-                                        where c.doc_type = %2$L and c.source_key = doc.key) then
-                        insert into pgrag.chunks as c
-                               (doc_type, source_key, parent_key, parent_id, text, metadata,
-                                tenant, truncated_from, tsv)
-                        values (%2$L, doc.key, doc.parent, doc.parent_id, doc.body, doc.meta,
-                                doc.tenant, doc.cut,
-                                case when %6$s then null else pgrag.text_tsvector(doc.body) end)
-                        on conflict %5$s do update
-                        set text = excluded.text,
-                            metadata = excluded.metadata,
-                            parent_key = excluded.parent_key,
-                            parent_id = excluded.parent_id,
-                            tenant = excluded.tenant,
-                            truncated_from = excluded.truncated_from,
-                            embedding = case when c.text = excluded.text then c.embedding end,
-                            embedding_model = case when c.text = excluded.text
-                                                   then c.embedding_model end,
-                            embedded_at = case when c.text = excluded.text
-                                               then c.embedded_at end,
-                            tsv = case when c.text = excluded.text and c.tsv is not null
-                                       then c.tsv else excluded.tsv end,
-                            updated_at = now()
-                        where (c.text, c.metadata, c.parent_key, c.parent_id, c.tenant,
-                               c.truncated_from)
-                              is distinct from (excluded.text, excluded.metadata,
-                                                excluded.parent_key, excluded.parent_id,
-                                                excluded.tenant, excluded.truncated_from)
-                           or (c.tsv is null and excluded.tsv is not null)
-                        returning c.embedding is null into doc_pending;
-                        doc_wrote := found;
-                        if doc_wrote then
-                            new_keys := array[doc.key];
-                        end if;
-                    end if;
+                end if;
+                if doc.n = 1 and not doc_same and not doc_wrote then
+                    -- (new, or gone since it was read: ON CONFLICT, a chunk another
+                    -- transaction inserted meanwhile, as in the statement above)
+                    insert into pgrag.chunks as c
+                           (doc_type, source_key, parent_key, parent_id, text, metadata,
+                            tenant, truncated_from, tsv)
+                    values (%2$L, doc.key, doc.parent, doc.parent_id, doc.body, doc.meta,
+                            doc.tenant, doc.cut,
+                            case when %6$s then null else pgrag.text_tsvector(doc.body) end)
+                    on conflict %5$s do update
+                    set text = excluded.text,
+                        metadata = excluded.metadata,
+                        parent_key = excluded.parent_key,
+                        parent_id = excluded.parent_id,
+                        tenant = excluded.tenant,
+                        truncated_from = excluded.truncated_from,
+                        embedding = case when c.text = excluded.text then c.embedding end,
+                        embedding_model = case when c.text = excluded.text
+                                               then c.embedding_model end,
+                        embedded_at = case when c.text = excluded.text
+                                           then c.embedded_at end,
+                        tsv = case when c.text = excluded.text and c.tsv is not null
+                                   then c.tsv else excluded.tsv end,
+                        updated_at = now()
+                    where (c.text, c.metadata, c.parent_key, c.parent_id, c.tenant,
+                           c.truncated_from)
+                          is distinct from (excluded.text, excluded.metadata,
+                                            excluded.parent_key, excluded.parent_id,
+                                            excluded.tenant, excluded.truncated_from)
+                       or (c.tsv is null and excluded.tsv is not null)
+                    returning c.embedding is null into doc_pending;
+                    doc_wrote := found;
                     if doc_wrote then
-                        n_up := 1;
-                        n_pending := case when doc_pending then 1 else 0 end;
+                        new_keys := array[doc.key];
                     end if;
+                end if;
+                if doc_wrote then
+                    n_up := 1;
+                    n_pending := case when doc_pending then 1 else 0 end;
                 end if$o$, pgrag._generated('render', t.name), t.name,
             case when t.parent_type is null then 'null::bigint'
                  else format('(select p.id from pgrag.chunks p where p.doc_type = %L '
@@ -1196,6 +1217,8 @@ begin
             doc record;  -- (names no column of the store's statements: see one_doc)
             doc_pending boolean;
             doc_wrote boolean;
+            doc_same boolean;
+            doc_stored boolean;
         begin
             if keys is null then
                 %2$s;
