@@ -888,6 +888,11 @@ declare
     key_type text;
     upsert text;
     one_doc text;
+    same_sql text;
+    set_sql text;
+    conflict_sql text;
+    defer_sql text;
+    parent_sql text;
     secrets text;
 begin
     select * into strict t from pgrag.doc_types d where d.name = doc_type;
@@ -990,56 +995,29 @@ begin
     -- Separate statements for "these keys" and "all" so each has a good cached plan (an `or
     -- keys is null` would make the keyed one scan the whole type). It takes no lock: its
     -- callers hold the documents' locks (pgrag._lock_documents).
-    upsert := format($u$
-            with src as materialized (
-                select r.key, r.parent, left(r.body, %4$s) as body,
-                       case when length(r.body) > %4$s then length(r.body) end as cut,
-                       r.meta, r.tenant,
-                       %3$s as parent_id
-                from pgrag_docs.%1$I(keys) r
-            ),
-            todo as (  -- unchanged documents are not written at all (no tsvector, no WAL),
-                       -- unless a render that writes tsvectors finds one missing
-                select s.* from src s
-                where not exists (
-                    select from pgrag.chunks c
-                     where c.doc_type = %2$L and c.source_key = s.key
-                       and (c.text, c.metadata, c.parent_key, c.parent_id, c.tenant,
-                            c.truncated_from)
-                           is not distinct from (s.body, s.meta, s.parent, s.parent_id, s.tenant,
-                                                 s.cut)
-                       and (c.tsv is not null or %6$s))
-            ),
-            upd as (
-                update pgrag.chunks as c
-                   set text = s.body,
-                       metadata = s.meta,
-                       parent_key = s.parent,
-                       parent_id = s.parent_id,
-                       tenant = s.tenant,
-                       truncated_from = s.cut,
-                       embedding = case when c.text = s.body then c.embedding end,
-                       embedding_model = case when c.text = s.body then c.embedding_model end,
-                       embedded_at = case when c.text = s.body then c.embedded_at end,
-                       tsv = case when c.text = s.body and c.tsv is not null then c.tsv
-                                  when %6$s then null
-                                  else pgrag.text_tsvector(s.body) end,
-                       updated_at = now()
-                  from todo s
-                 where c.doc_type = %2$L and c.source_key = s.key
-                returning c.source_key, c.embedding is null as pending, false as inserted
-            ),
-            ins as (  -- (ON CONFLICT: a chunk another transaction inserted meanwhile)
-                insert into pgrag.chunks as c
-                       (doc_type, source_key, parent_key, parent_id, text, metadata, tenant,
-                        truncated_from, tsv)
-                select distinct on (s.key)  -- (a key yielded twice is named below)
-                       %2$L, s.key, s.parent, s.parent_id, s.body, s.meta, s.tenant, s.cut,
-                       case when %6$s then null else pgrag.text_tsvector(s.body) end
-                from todo s
-                where not exists (select from upd u where u.source_key = s.key)
-                order by s.key
-                on conflict %5$s do update
+    -- What both store statements below say alike (a rendered row's alias in them: %1$s; the
+    -- deferral of the tsvector: %2$s): a rendered document the same as its chunk (nothing to
+    -- write, unless a render that writes tsvectors finds one missing); the columns an UPDATE of
+    -- a changed chunk writes; an insert's ON CONFLICT for a chunk another transaction inserted
+    -- meanwhile (%1$s: the store's unique key).
+    same_sql := $x$((c.text, c.metadata, c.parent_key, c.parent_id, c.tenant, c.truncated_from)
+                    is not distinct from (%1$s.body, %1$s.meta, %1$s.parent, %1$s.parent_id,
+                                          %1$s.tenant, %1$s.cut)
+                    and (c.tsv is not null or (%2$s) is true))$x$;
+    set_sql := $x$text = %1$s.body,
+                       metadata = %1$s.meta,
+                       parent_key = %1$s.parent,
+                       parent_id = %1$s.parent_id,
+                       tenant = %1$s.tenant,
+                       truncated_from = %1$s.cut,
+                       embedding = case when c.text = %1$s.body then c.embedding end,
+                       embedding_model = case when c.text = %1$s.body then c.embedding_model end,
+                       embedded_at = case when c.text = %1$s.body then c.embedded_at end,
+                       tsv = case when c.text = %1$s.body and c.tsv is not null then c.tsv
+                                  when %2$s then null
+                                  else pgrag.text_tsvector(%1$s.body) end,
+                       updated_at = now()$x$;
+    conflict_sql := $x$on conflict %1$s do update
                 set text = excluded.text,
                     metadata = excluded.metadata,
                     parent_key = excluded.parent_key,
@@ -1056,7 +1034,50 @@ begin
                       is distinct from (excluded.text, excluded.metadata, excluded.parent_key,
                                         excluded.parent_id, excluded.tenant,
                                         excluded.truncated_from)
-                   or (c.tsv is null and excluded.tsv is not null)
+                   or (c.tsv is null and excluded.tsv is not null)$x$;
+    defer_sql := $d$current_setting('pgrag.defer_tsv', true) = 'on'$d$;
+    -- the store's unique key: a partitioned store's holds the tenant too
+    -- (sql/migrate/store_shape.sql)
+    conflict_sql := format(conflict_sql,
+                           case when pgrag._store_partitioned() then '(doc_type, source_key, tenant)'
+                                else '(doc_type, source_key)' end);
+    parent_sql := case when t.parent_type is null then 'null::bigint'
+                       else format('(select p.id from pgrag.chunks p where p.doc_type = %L '
+                                   'and p.source_key = r.parent)', t.parent_type) end;
+
+    upsert := format($u$
+            with src as materialized (
+                select r.key, r.parent, left(r.body, %4$s) as body,
+                       case when length(r.body) > %4$s then length(r.body) end as cut,
+                       r.meta, r.tenant,
+                       %3$s as parent_id
+                from pgrag_docs.%1$I(keys) r
+            ),
+            todo as (  -- unchanged documents are not written at all (no tsvector, no WAL),
+                       -- unless a render that writes tsvectors finds one missing
+                select s.* from src s
+                where not exists (
+                    select from pgrag.chunks c
+                     where c.doc_type = %2$L and c.source_key = s.key and %7$s)
+            ),
+            upd as (
+                update pgrag.chunks as c
+                   set %8$s
+                  from todo s
+                 where c.doc_type = %2$L and c.source_key = s.key
+                returning c.source_key, c.embedding is null as pending, false as inserted
+            ),
+            ins as (  -- (ON CONFLICT: a chunk another transaction inserted meanwhile)
+                insert into pgrag.chunks as c
+                       (doc_type, source_key, parent_key, parent_id, text, metadata, tenant,
+                        truncated_from, tsv)
+                select distinct on (s.key)  -- (a key yielded twice is named below)
+                       %2$L, s.key, s.parent, s.parent_id, s.body, s.meta, s.tenant, s.cut,
+                       case when %6$s then null else pgrag.text_tsvector(s.body) end
+                from todo s
+                where not exists (select from upd u where u.source_key = s.key)
+                order by s.key
+                %5$s
                 -- (inserted: also a chunk another transaction inserted meanwhile, which the
                 -- conflict updated: its children are linked again, which changes nothing.
                 -- Not xmax = 0: a partitioned store returns no system column.)
@@ -1069,18 +1090,11 @@ begin
                    (select min(s.key) from src s group by s.key having count(*) > 1 limit 1),
                    %%s
             into n_up, n_pending, new_keys, twice, n_gone, n_rendered, rendered
-            $u$, pgrag._generated('render', t.name), t.name,
-            case when t.parent_type is null then 'null::bigint'
-                 else format('(select p.id from pgrag.chunks p where p.doc_type = %L '
-                             'and p.source_key = r.parent)', t.parent_type) end,
-            pgrag._limit('document_chars'),
-            -- the store's unique key: a partitioned store's holds the tenant too
-            -- (sql/migrate/store_shape.sql)
-            case when pgrag._store_partitioned() then '(doc_type, source_key, tenant)'
-                 else '(doc_type, source_key)' end,
+            $u$, pgrag._generated('render', t.name), t.name, parent_sql,
+            pgrag._limit('document_chars'), conflict_sql,
             -- a render at a writer's commit (pgrag.sync_now) leaves a changed text's full-text
             -- vector to the worker (pgrag.index_text): most of the cost of writing the chunk
-            $d$current_setting('pgrag.defer_tsv', true) = 'on'$d$);
+            defer_sql, format(same_sql, 's', defer_sql), format(set_sql, 's', defer_sql));
 
     -- One document (a writer's commit renders one a type, most often): the same store in plain
     -- statements, a row read and an UPDATE, an INSERT only for a new document. The statement
@@ -1110,13 +1124,7 @@ begin
                     -- an UPDATE finding no row and a later look finding one committed meanwhile
                     -- wrote nothing, found by review; a key stored twice, one of them as
                     -- rendered, is left as it is)
-                    select coalesce(bool_or(
-                               (c.text, c.metadata, c.parent_key, c.parent_id, c.tenant,
-                                c.truncated_from)
-                               is not distinct from (doc.body, doc.meta, doc.parent,
-                                                     doc.parent_id, doc.tenant, doc.cut)
-                               and (c.tsv is not null or (%6$s) is true)), false),
-                           count(*) > 0
+                    select coalesce(bool_or(%7$s), false), count(*) > 0
                       into doc_same, doc_stored
                       from pgrag.chunks c
                      where c.doc_type = %2$L and c.source_key = doc.key;
@@ -1124,25 +1132,8 @@ begin
                 doc_wrote := false;
                 if doc.n = 1 and doc_stored and not doc_same then
                     update pgrag.chunks as c
-                       set text = doc.body,
-                           metadata = doc.meta,
-                           parent_key = doc.parent,
-                           parent_id = doc.parent_id,
-                           tenant = doc.tenant,
-                           truncated_from = doc.cut,
-                           embedding = case when c.text = doc.body then c.embedding end,
-                           embedding_model = case when c.text = doc.body then c.embedding_model end,
-                           embedded_at = case when c.text = doc.body then c.embedded_at end,
-                           tsv = case when c.text = doc.body and c.tsv is not null then c.tsv
-                                      when %6$s then null
-                                      else pgrag.text_tsvector(doc.body) end,
-                           updated_at = now()
-                     where c.doc_type = %2$L and c.source_key = doc.key
-                       and ((c.text, c.metadata, c.parent_key, c.parent_id, c.tenant,
-                             c.truncated_from)
-                            is distinct from (doc.body, doc.meta, doc.parent, doc.parent_id,
-                                              doc.tenant, doc.cut)
-                            or (c.tsv is null and (%6$s) is not true))
+                       set %8$s
+                     where c.doc_type = %2$L and c.source_key = doc.key and not %7$s
                     returning c.embedding is null into doc_pending;
                     doc_wrote := found;
                 end if;
@@ -1155,27 +1146,7 @@ begin
                     values (%2$L, doc.key, doc.parent, doc.parent_id, doc.body, doc.meta,
                             doc.tenant, doc.cut,
                             case when %6$s then null else pgrag.text_tsvector(doc.body) end)
-                    on conflict %5$s do update
-                    set text = excluded.text,
-                        metadata = excluded.metadata,
-                        parent_key = excluded.parent_key,
-                        parent_id = excluded.parent_id,
-                        tenant = excluded.tenant,
-                        truncated_from = excluded.truncated_from,
-                        embedding = case when c.text = excluded.text then c.embedding end,
-                        embedding_model = case when c.text = excluded.text
-                                               then c.embedding_model end,
-                        embedded_at = case when c.text = excluded.text
-                                           then c.embedded_at end,
-                        tsv = case when c.text = excluded.text and c.tsv is not null
-                                   then c.tsv else excluded.tsv end,
-                        updated_at = now()
-                    where (c.text, c.metadata, c.parent_key, c.parent_id, c.tenant,
-                           c.truncated_from)
-                          is distinct from (excluded.text, excluded.metadata,
-                                            excluded.parent_key, excluded.parent_id,
-                                            excluded.tenant, excluded.truncated_from)
-                       or (c.tsv is null and excluded.tsv is not null)
+                    %5$s
                     returning c.embedding is null into doc_pending;
                     doc_wrote := found;
                     if doc_wrote then
@@ -1185,14 +1156,9 @@ begin
                 if doc_wrote then
                     n_up := 1;
                     n_pending := case when doc_pending then 1 else 0 end;
-                end if$o$, pgrag._generated('render', t.name), t.name,
-            case when t.parent_type is null then 'null::bigint'
-                 else format('(select p.id from pgrag.chunks p where p.doc_type = %L '
-                             'and p.source_key = r.parent)', t.parent_type) end,
-            pgrag._limit('document_chars'),
-            case when pgrag._store_partitioned() then '(doc_type, source_key, tenant)'
-                 else '(doc_type, source_key)' end,
-            $d$current_setting('pgrag.defer_tsv', true) = 'on'$d$);
+                end if$o$, pgrag._generated('render', t.name), t.name, parent_sql,
+            pgrag._limit('document_chars'), conflict_sql, defer_sql,
+            format(same_sql, 'doc', defer_sql), format(set_sql, 'doc', defer_sql));
 
     perform pgrag._create_generated(pgrag._generated('store', t.name), 'text[]', format($f$
         create or replace function pgrag_docs.%1$I(keys text[])
