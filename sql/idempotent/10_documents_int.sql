@@ -1265,6 +1265,34 @@ comment on function pgrag._contention(text) is
     'Whether an error is contention (deadlock, serialization failure, lock timeout): re-raised';
 
 
+create or replace function pgrag._todo_keys(keys jsonb)
+returns text[]
+language sql immutable parallel safe security invoker
+-- A type's keys in a set of documents ({type: [keys] | null}, pgrag._lock_documents): the JSON
+-- array as text[], JSON null (the whole type) as NULL, what pgrag._store takes. (A SQL-standard
+-- body and no SET clause: its names are bound when it is created.)
+begin atomic
+select case when jsonb_typeof(keys) = 'null' then null
+            else array(select jsonb_array_elements_text(keys)) end;
+end;
+
+
+create or replace function pgrag._rendered(doc_type text, keys text[])
+returns void
+language plpgsql volatile security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+#variable_conflict use_variable
+-- Documents of a type stored (every one when keys is NULL): they have no render error left.
+begin
+    if exists (select from pgrag.render_errors e where e.doc_type = _rendered.doc_type) then
+        delete from pgrag.render_errors e
+         where e.doc_type = _rendered.doc_type and (keys is null or e.source_key = any(keys));
+    end if;
+end
+$fn$;
+
+
 create or replace function pgrag._store(doc_type text, keys text[], on_error text default 'record')
 returns bigint
 language plpgsql volatile security invoker
@@ -1329,10 +1357,7 @@ begin
             n := null;
     end;
     if n is not null then
-        if exists (select from pgrag.render_errors e where e.doc_type = _store.doc_type) then
-            delete from pgrag.render_errors e
-             where e.doc_type = _store.doc_type and (keys is null or e.source_key = any(keys));
-        end if;
+        perform pgrag._rendered(doc_type, keys);
         return n;
     end if;
     if keys is null then
@@ -1373,8 +1398,7 @@ begin
                                where d.name = _store_halves.doc_type)]);
         execute format('select pgrag_docs.%I($1::text[])', fn) into n using keys;
         perform pgrag._check_generated_after(array[fn], checked, pgrag._session_state());
-        delete from pgrag.render_errors e
-         where e.doc_type = _store_halves.doc_type and e.source_key = any(keys);
+        perform pgrag._rendered(doc_type, keys);
         return n;
     exception
         when query_canceled or assert_failure then
@@ -1878,8 +1902,7 @@ begin
                     raise exception 'altered since the check';  -- (named by pgrag._store below)
                 end if;
                 execute format('select pgrag_docs.%I($1::text[])', fns[i]) into m
-                  using case when jsonb_typeof(keys[i]) = 'null' then null
-                             else array(select jsonb_array_elements_text(keys[i])) end;
+                  using pgrag._todo_keys(keys[i]);
                 if not pg_catalog.texteq(pg_catalog.current_setting('search_path'), path) then
                     raise exception 'search_path changed';  -- (named by pgrag._store below)
                 end if;
@@ -1904,17 +1927,9 @@ begin
     end if;
     for i in 1 .. coalesce(cardinality(types), 0) loop
         if together then
-            -- (a type whose documents rendered has no render errors left: as in pgrag._store)
-            if exists (select from pgrag.render_errors e where e.doc_type = types[i]) then
-                delete from pgrag.render_errors e
-                 where e.doc_type = types[i]
-                   and (jsonb_typeof(keys[i]) = 'null' or keys[i] ? e.source_key);
-            end if;
+            perform pgrag._rendered(types[i], pgrag._todo_keys(keys[i]));
         else
-            n := n + pgrag._store(types[i],
-                                  case when jsonb_typeof(keys[i]) = 'null' then null
-                                       else array(select jsonb_array_elements_text(keys[i])) end,
-                                  on_error);
+            n := n + pgrag._store(types[i], pgrag._todo_keys(keys[i]), on_error);
         end if;
     end loop;
     perform set_config('pgrag.defer_tsv', coalesce(prior, ''), true);
