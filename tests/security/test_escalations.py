@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from pgrag.search import search
 from pgrag.security import tenant_scope
 from tests.embed_server import default_embedder
 
+from ..conftest import wait_for
 from .conftest import PASSWORD, Scene, declare_things
 
 
@@ -1166,3 +1168,144 @@ def test_a_generated_function_made_again_with_types_of_its_own_is_not_run(
         ).fetchone() or ("",)
     assert scene.ran_as() <= {scene.role}
     assert "takes or returns types pgrag does not generate it with" in message, message
+
+
+# ---- 7. a declarer's own session, under the lighter guard (2026-12-05) ----
+
+
+def test_a_declarers_own_session_takes_the_lighter_guard_and_no_other_does(
+    scene: Scene,
+) -> None:
+    """Where every role of the session is the declarer of the types a commit stores, the
+    declared code runs in its declarer's own session: what it leaves there acts with rights
+    the session has anyway, so pgrag compares only the functions around the calls
+    (`pgrag._check_own`). Seen from outside: a view that leaves a search_path in the session
+    is stored in the declarer's own session, and refused in the application's."""
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        conn.execute(
+            f"""
+            create function {scene.schema}.steer() returns text language plpgsql volatile as $$
+            begin
+                if pg_catalog.current_setting('attack.steer', true) = 'on' then
+                    perform pg_catalog.set_config('search_path', 'attack, pg_catalog', false);
+                end if;
+                return '';
+            end $$;
+            grant execute on function {scene.schema}.steer() to public;
+            """.encode()
+        )
+    _declare_two_types(scene, "steer")
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        conn.execute("set attack.steer = 'on'")
+        conn.execute("update attack.things set name = name || '+' where id = 1")
+        assert conn.execute(
+            "select count(*) from pgrag.render_errors where doc_type in ('things', 'zthings')"
+        ).fetchone() == (0,)
+        assert conn.execute(
+            "select text from pgrag.chunks where doc_type = 'zthings' and source_key = '1'"
+        ).fetchone() == ("z one+",)
+        # (its own view left it: the declarer's own session, the declarer's own business)
+        assert conn.execute("show search_path").fetchone() == ("attack, pg_catalog",)
+    with psycopg.connect(scene.app, autocommit=True) as conn:
+        conn.execute("set attack.steer = 'on'")
+        path = conn.execute("show search_path").fetchone()
+        _write_and_render(conn)
+        assert conn.execute("show search_path").fetchone() == path
+        (message,) = conn.execute(
+            "select message from pgrag.render_errors where doc_type = 'things'"
+        ).fetchone() or ("",)
+        assert "changed this session" in message, message
+
+
+def test_a_declarers_own_session_runs_no_other_writers_function_of_its_types(
+    scene: Scene,
+) -> None:
+    """Any writer may create functions in pgrag_docs: once the declarer's own store function is
+    gone (dropped, say, by an undeclare racing a commit), another writer's function of that
+    name would be called in its place, as the declarer, in the declarer's own session. The
+    lighter guard takes only the declarer's own function, the only one of its name; anything
+    else goes to the full guard, which refuses it."""
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        declare_things(conn)
+    with psycopg.connect(scene.victim, autocommit=True) as conn:
+        conn.execute("drop function pgrag_docs.store_things(text[])")
+        conn.execute("delete from attack.ran")
+    with psycopg.connect(scene.app, autocommit=True) as conn:
+        conn.execute(
+            "create function pgrag_docs.store_things(keys text[]) returns bigint "
+            "language plpgsql security invoker as $$ "
+            "begin insert into attack.ran values (current_user); return 0; end $$"
+        )
+        conn.execute("grant execute on function pgrag_docs.store_things(text[]) to public")
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        conn.execute("update attack.things set name = name || '+' where id = 1")
+        (message,) = conn.execute(
+            "select message from pgrag.render_errors where doc_type = 'things'"
+        ).fetchone() or ("",)
+    assert scene.ran_as() == set(), scene.ran_as()
+    assert "belongs to" in message, message
+
+
+def test_a_declarers_own_commit_calls_each_function_only_as_checked(scene: Scene) -> None:
+    """The lighter guard compares each function again just before its call, as the full guard
+    does. Another writer stalls the declarer's first call on a chunk row it locks (writers may
+    lock chunks); meanwhile the declarer's second store function is dropped (an undeclare, a
+    regeneration racing the commit) and the other writer puts its own of that name in its
+    place. Called, it would run as the declarer, and a sequence's value it set outlives the
+    rollback that the check after the calls makes (found by review, 2026-12-05)."""
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        declare_things(conn)
+        declare_things(conn, "zthings")
+        conn.execute("create sequence attack.owned; select pg_catalog.setval('attack.owned', 7)")
+    with psycopg.connect(scene.victim, autocommit=True) as conn:
+        conn.execute("delete from attack.ran")
+    with (
+        psycopg.connect(scene.app) as staller,
+        psycopg.connect(scene.victim, autocommit=True) as watcher,
+    ):
+        staller.execute(
+            "select id from pgrag.chunks where doc_type = 'things' and source_key = '1' for update"
+        )
+        declarer = psycopg.connect(scene.attacker, autocommit=True)
+        pid = declarer.info.backend_pid
+        errors: list[BaseException] = []
+
+        def write() -> None:
+            try:
+                declarer.execute("update attack.things set name = name || '+' where id = 1")
+            except BaseException as exc:  # (reported below)
+                errors.append(exc)
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        try:
+            wait_for(
+                lambda: bool(
+                    (
+                        watcher.execute(
+                            "select wait_event_type = 'Lock' from pg_stat_activity where pid = %s",
+                            (pid,),
+                        ).fetchone()
+                        or (False,)
+                    )[0]
+                ),
+                "the declarer's first call waiting on the locked chunk row",
+            )
+            with psycopg.connect(scene.attacker, autocommit=True) as conn:
+                conn.execute("drop function pgrag_docs.store_zthings(text[])")
+            with psycopg.connect(scene.app, autocommit=True) as conn:
+                conn.execute(
+                    "create function pgrag_docs.store_zthings(keys text[]) returns bigint "
+                    "language plpgsql security invoker as $$ begin "
+                    "insert into attack.ran values (current_user); "
+                    "perform pg_catalog.setval('attack.owned', 42); return 0; end $$"
+                )
+                conn.execute("grant execute on function pgrag_docs.store_zthings(text[]) to public")
+        finally:
+            staller.rollback()
+            writer.join()
+            declarer.close()
+        assert not errors, errors
+    assert scene.ran_as() == set(), scene.ran_as()
+    with psycopg.connect(scene.victim) as conn:
+        assert conn.execute("select last_value from attack.owned").fetchone() == (7,)
