@@ -718,8 +718,9 @@ set search_path = pg_catalog, pg_temp
 as $fn$
 -- state: pgrag._session_state() as the caller sees it now (read there, as an argument: this
 -- function's own SET clause hides a search_path the calls left behind); NULL after
--- pgrag._check_own, which records none (a state recorded before and NULL now differ). Call it with variables
--- only: an operator in its arguments would be looked up on a search_path a call may have set.
+-- pgrag._check_own, which records none (a state recorded before and NULL now differ). Call it
+-- with variables only: an operator in its arguments would be looked up on a search_path a
+-- call may have set.
 -- After pgrag called pgrag_docs.<names> (pgrag._check_generated before them): the calls ran
 -- declarers' code in this session, so they must have left the session as they found it, and
 -- no function may have changed while it ran (an ALTER committed between the check and the
