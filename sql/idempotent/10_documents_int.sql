@@ -437,13 +437,16 @@ set search_path = pg_catalog, pg_temp
 set plan_cache_mode = force_generic_plan
 as $fn$
 -- pgrag_docs.<name> of each name as its catalog row is now ({name: version}): how many functions
--- have that name, and the first one's oid, security definer flag, owner and row version. The row version, since an ALTER to SECURITY INVOKER and
--- back, both committed while the function ran, left the other three as they were, and the call
--- went unseen (found by review: 766 of 15,421 calls in a race). Its ctid, not its xmin: every
--- new version of the row takes another place (the old one stays while the caller's snapshot
--- may see it), where a VACUUM freezing the row changes its xmin. A migration regenerating the
--- function while it runs changes it too: that call is refused (PR003, recorded as the
--- document's render error) and the next one runs. A name without a function is left out.
+-- have that name, and the first one's oid, security definer flag, owner and row version, in
+-- that order, joined by ':' (read by position: pgrag._check_own takes the count and the owner,
+-- pgrag._check_generated_after the oid). The row version, since an ALTER to SECURITY INVOKER
+-- and back, both committed while the function ran, left the other three as they were, and the
+-- call went unseen (found by review: 766 of 15,421 calls in a race). Its ctid, not its xmin:
+-- every new version of the row takes another place (the old one stays while the caller's
+-- snapshot may see it), where a VACUUM freezing the row changes its xmin. A migration
+-- regenerating the function while it runs changes it too: that call is refused (PR003,
+-- recorded as the document's render error) and the next one runs. A name without a function
+-- is left out.
 begin
     -- (a lateral query a name, compared as a name: pg_proc's index serves it, where `proname =
     -- any(names)` scanned the catalog; its plan generic: one planned for the array's size at
@@ -1324,6 +1327,9 @@ select case when jsonb_typeof(keys) = 'null' then null
             else array(select jsonb_array_elements_text(keys)) end;
 end;
 
+comment on function pgrag._todo_keys(jsonb) is
+    'A type''s keys in a set of documents, as pgrag._store takes them';
+
 
 create or replace function pgrag._rendered(doc_type text, keys text[])
 returns void
@@ -1339,6 +1345,9 @@ begin
     end if;
 end
 $fn$;
+
+comment on function pgrag._rendered(text, text[]) is
+    'Documents of a type stored: their render errors cleared';
 
 
 create or replace function pgrag._store(doc_type text, keys text[], on_error text default 'record')
@@ -1928,6 +1937,7 @@ declare
     state text;
     alone boolean := false;
     together boolean := false;
+    read_committed boolean := current_setting('transaction_isolation') = 'read committed';
 begin
     perform set_config('pgrag.defer_tsv', case when defer_tsv then 'on' else 'off' end, true);
     with recursive chain(name, depth) as (
@@ -1945,14 +1955,13 @@ begin
                    (select max(c.depth) from chain c where c.name = e.key) as depth
               from jsonb_each(todo) e join pgrag.doc_types d on d.name = e.key
              where e.value <> '[]') x;
-    if cardinality(types) > 0 and current_setting('transaction_isolation') = 'read committed'
+    if cardinality(types) > 0 and read_committed
        and session_user = current_user then  -- (else not alone: asked for nothing)
         -- (the declarer's own session and functions: nothing else to guard)
         checked := pgrag._check_own(fns, owners);
         alone := checked is not null;
     end if;
-    if (cardinality(types) > 1 or alone)
-       and current_setting('transaction_isolation') = 'read committed' then
+    if (cardinality(types) > 1 or alone) and read_committed then
         begin
             if not alone then
                 checked := pgrag._check_generated(fns, owners);

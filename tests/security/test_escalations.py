@@ -23,7 +23,7 @@ from pgrag.search import search
 from pgrag.security import tenant_scope
 from tests.embed_server import default_embedder
 
-from ..conftest import wait_for
+from ..conftest import wait_for, waits_on_lock
 from .conftest import PASSWORD, Scene, declare_things
 
 
@@ -1259,10 +1259,7 @@ def test_a_declarers_own_commit_calls_each_function_only_as_checked(scene: Scene
         conn.execute("create sequence attack.owned; select pg_catalog.setval('attack.owned', 7)")
     with psycopg.connect(scene.victim, autocommit=True) as conn:
         conn.execute("delete from attack.ran")
-    with (
-        psycopg.connect(scene.app) as staller,
-        psycopg.connect(scene.victim, autocommit=True) as watcher,
-    ):
+    with psycopg.connect(scene.app) as staller:
         staller.execute(
             "select id from pgrag.chunks where doc_type = 'things' and source_key = '1' for update"
         )
@@ -1280,15 +1277,7 @@ def test_a_declarers_own_commit_calls_each_function_only_as_checked(scene: Scene
         writer.start()
         try:
             wait_for(
-                lambda: bool(
-                    (
-                        watcher.execute(
-                            "select wait_event_type = 'Lock' from pg_stat_activity where pid = %s",
-                            (pid,),
-                        ).fetchone()
-                        or (False,)
-                    )[0]
-                ),
+                lambda: waits_on_lock(scene.victim, pid),
                 "the declarer's first call waiting on the locked chunk row",
             )
             with psycopg.connect(scene.attacker, autocommit=True) as conn:
