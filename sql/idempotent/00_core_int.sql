@@ -43,11 +43,31 @@ as $fn$
 -- run them all. Planning is not nothing: it may evaluate immutable functions with constant
 -- arguments (constant folding), as the calling role. Declarations pass their SQL through here first, so a source or key query cannot
 -- close its parenthesis and append statements of its own (`select 1) as q(k); drop ...`).
+-- Then that it reads no temporary relation: the generated functions that run declared SQL
+-- (search_path pg_catalog, pg_temp) would look its name up in the temporary schema of
+-- whichever session calls them, where another role can put a view of its own that runs as
+-- the declarer (found by review, 2026-12-05). PostgreSQL makes a view of such a query
+-- temporary, which a schema that is not refuses (42P16): that view, made and undone here, is
+-- the test.
 declare
     c refcursor;
 begin
     open c no scroll for execute query;
     close c;
+    begin
+        execute format(E'create view pgrag_docs.%I as select 1 as one from (%s\n) as q',
+                       '_pgrag_check_' || md5(random()::text), query);
+        raise exception using errcode = 'PR000';  -- (undoes the view)
+    exception
+        when sqlstate 'PR000' then
+            null;
+        when invalid_table_definition then
+            raise exception using errcode = 'PR003',
+                message = 'a declared query may not read a temporary table or view',
+                hint = 'declare over permanent tables and views: a temporary one''s name '
+                       'would be looked up in the temporary schema of every session that '
+                       'writes or asks';
+    end;
 end
 $fn$;
 

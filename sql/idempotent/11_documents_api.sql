@@ -158,6 +158,9 @@ begin
                                  source, declare_document.name),
                 hint = 'create the view first, schema-qualify its name, or pass the SELECT itself';
         end if;
+        -- (a temporary one's name is looked up in the caller's temporary schema:
+        -- pgrag._check_one_statement says why)
+        perform pgrag._check_one_statement(format('select * from %s', src));
     end if;
 
     select jsonb_object_agg(attname, format_type(atttypid, atttypmod)) into cols

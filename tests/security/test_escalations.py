@@ -1298,3 +1298,54 @@ def test_a_declarers_own_commit_calls_each_function_only_as_checked(scene: Scene
     assert scene.ran_as() == set(), scene.ran_as()
     with psycopg.connect(scene.victim) as conn:
         assert conn.execute("select last_value from attack.owned").fetchone() == (7,)
+
+
+def test_a_declaration_over_a_temporary_relation_is_refused(scene: Scene) -> None:
+    """Found by review (2026-12-05): the generated functions look names up on `pg_catalog,
+    pg_temp`, so a type whose source was the victim's temporary view named it without a
+    schema, and in the attacker's session found the attacker's temporary view of that name:
+    its function ran as the victim, a superuser. A source, a watched table, a key query or
+    statistics that read a temporary relation are refused at the declaration."""
+    with psycopg.connect(scene.victim, autocommit=True) as conn:
+        conn.execute(
+            "create temp table tt (id integer); "
+            "create temp view tv as select id as source_key, id::text as text from tt"
+        )
+        with pytest.raises(psycopg.Error, match="temporary") as e:
+            conn.execute("select pgrag.declare_document('tmpv', 'tv')")
+        assert e.value.sqlstate == "PR003"
+        with pytest.raises(psycopg.Error, match="temporary"):
+            conn.execute(
+                "select pgrag.declare_document('tmpq', 'select id as source_key, "
+                "name as text from attack.things', "
+                """'{"attack.things": "select c.id from changed c join tt on tt.id = c.id"}')"""
+            )
+        with pytest.raises(psycopg.Error, match="temporary"):
+            conn.execute(
+                "select pgrag.declare_document('tmpw', 'select id as source_key, "
+                """id::text as text from tt', '{"tt": "select id from changed"}')"""
+            )
+        conn.execute(
+            "select pgrag.declare_document('notes', 'select n.id as source_key, n.body as text "
+            """from victim.notes n', '{"victim.notes": "select id from changed"}')"""
+        )
+        with pytest.raises(psycopg.Error, match="temporary"):
+            conn.execute(
+                "select pgrag.declare_stats('notes', $s$select jsonb_build_object('n', "
+                "(select count(*) from tv)) from hits h$s$)"
+            )
+        declared = conn.execute(
+            "select array_agg(name order by name) from pgrag.doc_types "
+            "where name in ('tmpv', 'tmpq', 'tmpw')"
+        ).fetchone()
+        assert declared == (None,)
+    # the attack itself, had the declaration gone through: the attacker's temporary view of
+    # the victim's name, with its own function, finds nothing of the victim's to run in
+    with psycopg.connect(scene.attacker, autocommit=True) as conn:
+        conn.execute(
+            f"create temp view tv as select 1 as source_key, {scene.schema}.evil()::text as text"
+        )
+        assert conn.execute(
+            "select count(*) from pg_proc where proname like %s", ("%tmpv%",)
+        ).fetchone() == (0,)
+    assert not scene.attacker_is_superuser()
