@@ -9,6 +9,7 @@ hanging.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -378,6 +379,65 @@ def test_a_transaction_of_many_statements_renders_each_document_once(shop: str) 
             ('{"a": ["2", "1"]}\n{"b": null}\n{"a": ["1", "3"]}\n\n{"b": ["x"]}',),
         ).fetchone() == ({"a": ["1", "2", "3"], "b": None},)
         assert conn.execute("select pgrag._todo_of_lines(null)").fetchone() == ({},)
+        # lines that share no type (a commit's statement writes one a type) are joined as they
+        # are, with no query; a type in two lines with other keys is merged, each key once
+        assert conn.execute(
+            "select pgrag._todo_of_lines(%s)", ('{"a": ["2", "1"]}\n{"b": null}\n{"c": []}',)
+        ).fetchone() == ({"a": ["2", "1"], "b": None, "c": []},)
+        assert conn.execute(
+            "select pgrag._todo_of_lines(%s)", ('{"a": ["1"]}\n{"a": ["1"]}\n{"b": ["9"]}',)
+        ).fetchone() == ({"a": ["1"], "b": ["9"]},)
+        assert conn.execute(
+            "select pgrag._todo_merge(%s, %s)", ('{"a": ["2"], "b": ["1"]}', '{"a": ["1"]}')
+        ).fetchone() == ({"a": ["1", "2"], "b": ["1"]},)
+        assert conn.execute(
+            "select pgrag._todo_merge(%s, %s)", ('{"a": ["2"]}', '{"b": null}')
+        ).fetchone() == ({"a": ["2"], "b": None},)
+
+
+def test_documents_whose_locks_are_held_elsewhere_are_named_not_waited_for(shop: str) -> None:
+    """pgrag._lock_documents without waiting (a commit's keys found after its locks) takes
+    what is free and names the documents of each lock held elsewhere: a key's, every key of a
+    bucket held for a bulk render, a whole type. With waiting it takes them all, in order."""
+    many = [str(k) for k in range(1000, 1040)]  # over 32 keys: each bucket exclusive
+    with psycopg.connect(shop) as holder, psycopg.connect(shop) as conn:
+        holder.execute(
+            "select pgrag._lock_documents(%s::jsonb, true)",
+            (json.dumps({"t": ["1"], "u": None, "v": [many[0]]}),),
+        )
+        got = conn.execute(
+            "select pgrag._lock_documents(%s::jsonb, false)",
+            (json.dumps({"t": ["1", "2"], "u": ["5"], "v": many, "w": ["7"]}),),
+        ).fetchone()
+        bucket = conn.execute(
+            "select array_agg(k order by k) from unnest(%s::text[]) k "
+            "where hashtext(k) & 255 = hashtext(%s) & 255",
+            (many, many[0]),
+        ).fetchone()
+        assert got is not None and bucket is not None
+        assert {t: (sorted(v) if v is not None else None) for t, v in got[0].items()} == {
+            "t": ["1"],
+            "u": None,
+            "v": sorted(bucket[0]),
+        }
+        conn.rollback()
+        holder.rollback()
+        conn.execute(
+            "select pgrag._lock_documents(%s::jsonb, true)",
+            (json.dumps({"t": ["1", "2"], "u": None, "v": many}),),
+        )
+        held = conn.execute(
+            "select count(*) filter (where mode = 'ShareLock'), "
+            "count(*) filter (where mode = 'ExclusiveLock') from pg_locks "
+            "where pid = pg_backend_pid() and locktype = 'advisory'"
+        ).fetchone()
+        buckets = conn.execute(
+            "select count(distinct hashtext(k) & 255) from unnest(%s::text[]) k", (many,)
+        ).fetchone()
+        # shared: t's type lock and its two keys' buckets (one, if they share it), v's type
+        # lock; exclusive: u's type, t's two keys, v's buckets
+        assert held is not None and buckets is not None
+        assert held[1] == 1 + 2 + buckets[0] and held[0] in (3, 4)
 
 
 def test_an_oversized_document_is_cut_and_says_so(shop: str) -> None:
@@ -522,3 +582,4 @@ def test_only_a_small_commit_leaves_tsvectors_and_only_a_commit_does(shop: str) 
         assert worker.execute("select pgrag.index_text()").fetchone() == (0,)
         stamped = worker.execute("select text_indexed_at is not null from pgrag.settings")
         assert stamped.fetchone() == (True,)  # the next call, with the row free
+
