@@ -241,6 +241,7 @@ class Worker:
         self._conn: psycopg.Connection[Any] | None = None
         self._warned: set[str] = set()  # server warnings passed to notice (_server_warning)
         self._prune_after = 0.0  # time.monotonic() before which _maybe_prune does not look
+        self._pending_lists_failed = False  # pgrag.clean_pending_lists failed: not asked again
 
     # ---- lifecycle ----
 
@@ -359,7 +360,28 @@ class Worker:
         one (pgrag.index_text): ahead of the embeddings, which take a second or more a batch
         where this takes a fraction. How many were filled; 0 when none is waiting."""
         row = self._execute("select pgrag.index_text()").fetchone()  # (its batch: the SQL's)
+        self._clean_pending_lists()
         return int(row[0]) if row and row[0] else 0
+
+    def _clean_pending_lists(self) -> None:
+        """Move the GIN pending lists the full-text vectors and the writers' chunks filled into
+        their indexes (pgrag.clean_pending_lists, a transaction of its own: no chunk row is held
+        meanwhile), so that no writer's commit finds one full and moves it itself. A failure
+        (no privilege, the function missing from a database upgraded from an earlier build of
+        this revision) is logged once and skipped; a lost connection goes to the caller."""
+        if self._pending_lists_failed:
+            return
+        try:
+            self._execute("select pgrag.clean_pending_lists()")
+        except (psycopg.Error, PgragError) as exc:
+            if connection_lost(exc):
+                raise
+            self._pending_lists_failed = True
+            _log.warning(
+                "pgrag: GIN pending lists left to the writers' commits: %s "
+                "(run `pgrag db upgrade` as the store's owner)",
+                str(exc).strip().splitlines()[0],
+            )
 
     def render_batch(self) -> RenderResult | None:
         """Render entries of the render queue; None when it is empty.

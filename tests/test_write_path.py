@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -583,3 +584,61 @@ def test_only_a_small_commit_leaves_tsvectors_and_only_a_commit_does(shop: str) 
         stamped = worker.execute("select text_indexed_at is not null from pgrag.settings")
         assert stamped.fetchone() == (True,)  # the next call, with the row free
 
+
+def test_the_worker_moves_the_gin_pending_lists_so_that_no_commit_does(shop: str) -> None:
+    """A commit's chunks add their metadata's (and full text's) entries to the pending lists of
+    the store's GIN indexes; an insert that finds one past gin_pending_list_limit moves all of
+    it into its index, in some writer's commit (0.1-0.8 s at 100,000 customers,
+    docs/benchmarks.md). The worker moves them after each text batch, with
+    pgrag.clean_pending_lists: a definer, since only the indexes' owner may clean them, which
+    any writer may call."""
+    role = f"pgrag_t_cpl_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(shop, autocommit=True) as conn:
+        writer = conn.execute("select writer_role from pgrag.settings").fetchone()
+        assert writer is not None
+        conn.execute(
+            sql.SQL("create role {} in role {}").format(
+                sql.Identifier(role), sql.Identifier(writer[0])
+            )
+        )
+        conn.execute("alter table pgrag.chunks set (autovacuum_enabled = off)")  # (it cleans)
+        items = [r[0] for r in conn.execute("select order_item_id from shop.order_items")]
+
+        def write() -> None:
+            for item in items:
+                conn.execute(
+                    "update shop.order_items set quantity = quantity + 1 where order_item_id = %s",
+                    (item,),
+                )
+
+        write()
+        conn.execute(sql.SQL("set role {}").format(sql.Identifier(role)))
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("select gin_clean_pending_list('pgrag.chunks_metadata_gin')")
+        moved = conn.execute("select pgrag.clean_pending_lists()").fetchone()
+        again = conn.execute("select pgrag.clean_pending_lists()").fetchone()
+        conn.execute("reset role")
+        assert moved is not None and moved[0] > 0 and again == (0,)
+        write()
+        with Worker(shop, HashEmbedder()) as w:
+            w.index_text_batch()
+        assert conn.execute("select pgrag.clean_pending_lists()").fetchone() == (0,)
+        conn.execute(sql.SQL("drop role {}").format(sql.Identifier(role)))
+
+
+def test_a_worker_that_cannot_move_the_pending_lists_says_so_once_and_goes_on(
+    shop: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A database upgraded from an earlier build of this revision has no
+    pgrag.clean_pending_lists (or a DBA revoked it): the worker fills in the full text still,
+    and warns once, not at every batch."""
+    with psycopg.connect(shop, autocommit=True) as conn:
+        conn.execute("drop function pgrag.clean_pending_lists()")
+        conn.execute("update shop.order_items set quantity = quantity + 1")
+        with Worker(shop, HashEmbedder()) as w, caplog.at_level("WARNING", logger="pgrag"):
+            w.index_text_batch()
+            w.index_text_batch()
+        warned = [r for r in caplog.records if "pending lists" in r.getMessage()]
+        assert len(warned) == 1 and "pgrag db upgrade" in warned[0].getMessage()
+        left = conn.execute("select count(*) from pgrag.chunks where tsv is null").fetchone()
+        assert left == (0,)

@@ -122,6 +122,37 @@ comment on function pgrag.index_text(integer) is
     'Fill in the full-text vector of up to max_rows chunks that have none (the worker calls it)';
 
 
+create or replace function pgrag.clean_pending_lists()
+returns bigint
+language plpgsql volatile security definer
+set search_path = pg_catalog, pg_temp
+as $$
+-- Security definer (pgrag's owner: PostgreSQL lets an index's owner clean it). Move the entries
+-- waiting in the pending lists of the chunk store's GIN indexes (its metadata and full text,
+-- of every partition) into the indexes, as VACUUM would: the worker calls it after each batch
+-- of full-text vectors, so that no writer's commit has to. An insert that finds a list past
+-- gin_pending_list_limit (4 MB) moves the whole list itself: at 100,000 customers one writer's
+-- single-row commit took up to 0.8 s so, once every few thousand writes (docs/benchmarks.md,
+-- "Fewer statements in a commit"). While this runs, such inserts skip it. It takes no
+-- argument. Returns the pending-list pages it emptied.
+declare
+    n bigint;
+begin
+    select coalesce(sum(gin_clean_pending_list(i.indexrelid::regclass)), 0) into n
+      from pg_index i
+      join pg_class c on c.oid = i.indexrelid
+      join pg_am a on a.oid = c.relam
+     where a.amname = 'gin' and c.relkind = 'i'
+       and (i.indrelid = 'pgrag.chunks'::regclass  -- (a table not partitioned has no tree)
+            or i.indrelid in (select t.relid from pg_partition_tree('pgrag.chunks') t));
+    return n;
+end
+$$;
+
+comment on function pgrag.clean_pending_lists() is
+    'Move the chunk store''s GIN pending lists into their indexes (the worker calls it)';
+
+
 create or replace function pgrag.check_embedder(model_name text, dim integer)
 returns void
 language plpgsql stable security invoker

@@ -89,6 +89,7 @@ declare
         'pgrag.query_cache_get(text, bytea)',             'reader writer',
         'pgrag._common_lexemes(real, bigint)',            'reader writer',
         'pgrag._prune_stats_changes()',                   'writer',
+        'pgrag.clean_pending_lists()',                    'writer',
         'pgrag.stats_changed()',                          'writer'];
     i integer;
     -- What changes documents, vectors, caches or bindings: the writer's alone (the owner may
