@@ -43,27 +43,51 @@ as $fn$
 -- run them all. Planning is not nothing: it may evaluate immutable functions with constant
 -- arguments (constant folding), as the calling role. Declarations pass their SQL through here first, so a source or key query cannot
 -- close its parenthesis and append statements of its own (`select 1) as q(k); drop ...`).
--- Then that it reads no temporary relation: the generated functions that run declared SQL
--- (search_path pg_catalog, pg_temp) would look its name up in the temporary schema of
--- whichever session calls them, where another role can put a view of its own that runs as
--- the declarer (found by review, 2026-12-05). PostgreSQL makes a view of such a query
--- temporary, which a schema that is not refuses (42P16): that view, made and undone here, is
--- the test.
+-- Then that it uses nothing temporary: the generated functions that run declared SQL (search
+-- path pg_catalog, pg_temp) would look a temporary relation's or type's name up in the
+-- temporary schema of whichever session calls them, where another role can put a view, or a
+-- table whose row type has a domain with a CHECK, of its own that runs as the declarer (found
+-- by review, 2026-12-05). The test: a view of the query, made and undone here. PostgreSQL
+-- makes it temporary if the query reads a temporary relation, which a schema that is not
+-- refuses (42P16), and records what else it uses (a type cast to, a function named with
+-- pg_temp.) in pg_depend.
 declare
     c refcursor;
+    name text := format('pgrag_docs.%I', '_pgrag_check_' || md5(random()::text));
+    v regclass;
 begin
     open c no scroll for execute query;
     close c;
     begin
-        execute format(E'create view pgrag_docs.%I as select 1 as one from (%s\n) as q',
-                       '_pgrag_check_' || md5(random()::text), query);
-        raise exception using errcode = 'PR000';  -- (undoes the view)
+        execute format(E'create view %s as select 1 as one from (%s\n) as q', name, query);
+        v := name::regclass;
+        if pg_my_temp_schema() <> 0 and exists (
+            select from pg_depend d
+              join pg_rewrite r on r.oid = d.objid and d.classid = 'pg_rewrite'::regclass
+             where r.ev_class = v
+               and pg_my_temp_schema() in (
+                   (select x.relnamespace from pg_class x
+                     where d.refclassid = 'pg_class'::regclass and x.oid = d.refobjid),
+                   (select x.typnamespace from pg_type x
+                     where d.refclassid = 'pg_type'::regclass and x.oid = d.refobjid),
+                   (select x.pronamespace from pg_proc x
+                     where d.refclassid = 'pg_proc'::regclass and x.oid = d.refobjid),
+                   (select x.oprnamespace from pg_operator x
+                     where d.refclassid = 'pg_operator'::regclass and x.oid = d.refobjid),
+                   (select x.collnamespace from pg_collation x
+                     where d.refclassid = 'pg_collation'::regclass and x.oid = d.refobjid)))
+        then
+            raise exception using errcode = 'PR091';  -- (named below)
+        end if;
+        raise exception using errcode = 'PR090';  -- (undoes the view; a code that ends in
+                                                  -- 000 would name a class, and catch PR091)
     exception
-        when sqlstate 'PR000' then
+        when sqlstate 'PR090' then
             null;
-        when invalid_table_definition then
+        when invalid_table_definition or sqlstate 'PR091' then
             raise exception using errcode = 'PR003',
-                message = 'a declared query may not read a temporary table or view',
+                message = 'a declared query may not use a temporary table, view, type or '
+                          'function',
                 hint = 'declare over permanent tables and views: a temporary one''s name '
                        'would be looked up in the temporary schema of every session that '
                        'writes or asks';

@@ -1305,7 +1305,8 @@ def test_a_declaration_over_a_temporary_relation_is_refused(scene: Scene) -> Non
     pg_temp`, so a type whose source was the victim's temporary view named it without a
     schema, and in the attacker's session found the attacker's temporary view of that name:
     its function ran as the victim, a superuser. A source, a watched table, a key query or
-    statistics that read a temporary relation are refused at the declaration."""
+    statistics that use a temporary relation, type or function are refused at the
+    declaration."""
     with psycopg.connect(scene.victim, autocommit=True) as conn:
         conn.execute(
             "create temp table tt (id integer); "
@@ -1325,6 +1326,15 @@ def test_a_declaration_over_a_temporary_relation_is_refused(scene: Scene) -> Non
                 "select pgrag.declare_document('tmpw', 'select id as source_key, "
                 """id::text as text from tt', '{"tt": "select id from changed"}')"""
             )
+        # a temporary table's row type, cast to: another session's of that name may hold a
+        # domain whose CHECK runs its own function, as the declarer
+        with pytest.raises(psycopg.Error, match="temporary"):
+            conn.execute(
+                "select pgrag.declare_document('tmpt', 'select id as source_key, "
+                "name as text from attack.things', "
+                """'{"attack.things": "select c.id from changed c """
+                """where ((''('' || c.id || '')'')::tt).id is not null"}')"""
+            )
         conn.execute(
             "select pgrag.declare_document('notes', 'select n.id as source_key, n.body as text "
             """from victim.notes n', '{"victim.notes": "select id from changed"}')"""
@@ -1334,9 +1344,15 @@ def test_a_declaration_over_a_temporary_relation_is_refused(scene: Scene) -> Non
                 "select pgrag.declare_stats('notes', $s$select jsonb_build_object('n', "
                 "(select count(*) from tv)) from hits h$s$)"
             )
+        conn.execute("create function pg_temp.n() returns integer language sql return 1")
+        with pytest.raises(psycopg.Error, match="temporary"):
+            conn.execute(
+                "select pgrag.declare_stats('notes', $s$select jsonb_build_object('n', "
+                "pg_temp.n()) from hits h$s$)"
+            )
         declared = conn.execute(
             "select array_agg(name order by name) from pgrag.doc_types "
-            "where name in ('tmpv', 'tmpq', 'tmpw')"
+            "where name in ('tmpv', 'tmpq', 'tmpw', 'tmpt')"
         ).fetchone()
         assert declared == (None,)
     # the attack itself, had the declaration gone through: the attacker's temporary view of
