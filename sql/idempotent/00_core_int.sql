@@ -33,6 +33,49 @@ comment on function pgrag._pin_output_settings(text) is
     'The settings every key-printing function pins, spliced into its definition';
 
 
+create or replace function pgrag._refuse_temporary_objects()
+returns void
+language plpgsql stable security invoker
+set search_path = pg_catalog, pg_temp
+as $fn$
+-- A declaration is made in a session that holds no temporary object: the generated functions
+-- that run declared SQL (search_path pg_catalog, pg_temp) would look a name that found one
+-- here up in the temporary schema of whichever session calls them, where another role can put
+-- a view, or a table whose row type has a domain with a CHECK, of its own that runs as the
+-- declarer (found by two reviews, 2026-12-05: a temporary view as the source; a cast to a
+-- temporary row type in JSON_QUERY's RETURNING, on which PostgreSQL records no dependency).
+-- With none, every name the declared SQL uses resolves in pg_catalog or a schema it names, as
+-- it will at run time, and `pg_temp.x` to nothing. Else PR003.
+declare
+    t oid := pg_my_temp_schema();
+begin
+    if t <> 0 and (exists (select from pg_class x where x.relnamespace = t)
+                   or exists (select from pg_type x where x.typnamespace = t)
+                   or exists (select from pg_proc x where x.pronamespace = t)
+                   or exists (select from pg_operator x where x.oprnamespace = t)
+                   or exists (select from pg_collation x where x.collnamespace = t)
+                   or exists (select from pg_conversion x where x.connamespace = t)
+                   or exists (select from pg_opclass x where x.opcnamespace = t)
+                   or exists (select from pg_opfamily x where x.opfnamespace = t)
+                   or exists (select from pg_ts_config x where x.cfgnamespace = t)
+                   or exists (select from pg_ts_dict x where x.dictnamespace = t)
+                   or exists (select from pg_ts_parser x where x.prsnamespace = t)
+                   or exists (select from pg_ts_template x where x.tmplnamespace = t)
+                   or exists (select from pg_statistic_ext x where x.stxnamespace = t)) then
+        raise exception using errcode = 'PR003',
+            message = 'declare from a session that holds no temporary table, view, type or '
+                      'function: a name in the declared SQL that found one would be looked up '
+                      'in the temporary schema of every session that writes or asks',
+            hint = 'run DISCARD TEMP (or declare from a new session), over permanent tables '
+                   'and views';
+    end if;
+end
+$fn$;
+
+comment on function pgrag._refuse_temporary_objects() is
+    'Refuse a declaration made in a session that holds temporary objects (PR003)';
+
+
 create or replace function pgrag._check_one_statement(query text)
 returns void
 language plpgsql volatile security invoker
@@ -43,55 +86,14 @@ as $fn$
 -- run them all. Planning is not nothing: it may evaluate immutable functions with constant
 -- arguments (constant folding), as the calling role. Declarations pass their SQL through here first, so a source or key query cannot
 -- close its parenthesis and append statements of its own (`select 1) as q(k); drop ...`).
--- Then that it uses nothing temporary: the generated functions that run declared SQL (search
--- path pg_catalog, pg_temp) would look a temporary relation's or type's name up in the
--- temporary schema of whichever session calls them, where another role can put a view, or a
--- table whose row type has a domain with a CHECK, of its own that runs as the declarer (found
--- by review, 2026-12-05). The test: a view of the query, made and undone here. PostgreSQL
--- makes it temporary if the query reads a temporary relation, which a schema that is not
--- refuses (42P16), and records what else it uses (a type cast to, a function named with
--- pg_temp.) in pg_depend.
+-- First, that the session holds no temporary object (pgrag._refuse_temporary_objects says
+-- why; the declarations ask before anything else too, for an error of its own).
 declare
     c refcursor;
-    name text := format('pgrag_docs.%I', '_pgrag_check_' || md5(random()::text));
-    v regclass;
 begin
+    perform pgrag._refuse_temporary_objects();
     open c no scroll for execute query;
     close c;
-    begin
-        execute format(E'create view %s as select 1 as one from (%s\n) as q', name, query);
-        v := name::regclass;
-        if pg_my_temp_schema() <> 0 and exists (
-            select from pg_depend d
-              join pg_rewrite r on r.oid = d.objid and d.classid = 'pg_rewrite'::regclass
-             where r.ev_class = v
-               and pg_my_temp_schema() in (
-                   (select x.relnamespace from pg_class x
-                     where d.refclassid = 'pg_class'::regclass and x.oid = d.refobjid),
-                   (select x.typnamespace from pg_type x
-                     where d.refclassid = 'pg_type'::regclass and x.oid = d.refobjid),
-                   (select x.pronamespace from pg_proc x
-                     where d.refclassid = 'pg_proc'::regclass and x.oid = d.refobjid),
-                   (select x.oprnamespace from pg_operator x
-                     where d.refclassid = 'pg_operator'::regclass and x.oid = d.refobjid),
-                   (select x.collnamespace from pg_collation x
-                     where d.refclassid = 'pg_collation'::regclass and x.oid = d.refobjid)))
-        then
-            raise exception using errcode = 'PR091';  -- (named below)
-        end if;
-        raise exception using errcode = 'PR090';  -- (undoes the view; a code that ends in
-                                                  -- 000 would name a class, and catch PR091)
-    exception
-        when sqlstate 'PR090' then
-            null;
-        when invalid_table_definition or sqlstate 'PR091' then
-            raise exception using errcode = 'PR003',
-                message = 'a declared query may not use a temporary table, view, type or '
-                          'function',
-                hint = 'declare over permanent tables and views: a temporary one''s name '
-                       'would be looked up in the temporary schema of every session that '
-                       'writes or asks';
-    end;
 end
 $fn$;
 

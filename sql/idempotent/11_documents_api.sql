@@ -76,6 +76,7 @@ begin
             hint = 'declare both types as the same role (SET ROLE to the writer role: '
                    'docs/security.md), or have the parent''s owner declare this one';
     end if;
+    perform pgrag._refuse_temporary_objects();  -- (first: an error of its own)
     if jsonb_typeof(watches) is distinct from 'object' then
         raise exception using errcode = 'PR003',
             message = format('watches of %s must be a JSON object {"schema.table": "key query"}', declare_document.name),
@@ -158,9 +159,6 @@ begin
                                  source, declare_document.name),
                 hint = 'create the view first, schema-qualify its name, or pass the SELECT itself';
         end if;
-        -- (a temporary one's name is looked up in the caller's temporary schema:
-        -- pgrag._check_one_statement says why)
-        perform pgrag._check_one_statement(format('select * from %s', src));
     end if;
 
     select jsonb_object_agg(attname, format_type(atttypid, atttypmod)) into cols

@@ -26,6 +26,9 @@ begin
             hint = format('declare its statistics as %s (SET ROLE %s) or a member of it',
                           t.owner, t.owner);
     end if;
+    if stats_sql is not null then
+        perform pgrag._refuse_temporary_objects();  -- (first: an error of its own)
+    end if;
     if stats_sql is null then
         delete from pgrag.doc_stats s where s.doc_type = declare_stats.doc_type;
         execute format('drop function if exists pgrag_docs.%I(jsonb, text[])',

@@ -1300,63 +1300,54 @@ def test_a_declarers_own_commit_calls_each_function_only_as_checked(scene: Scene
         assert conn.execute("select last_value from attack.owned").fetchone() == (7,)
 
 
-def test_a_declaration_over_a_temporary_relation_is_refused(scene: Scene) -> None:
+def test_a_declaration_in_a_session_with_temporary_objects_is_refused(scene: Scene) -> None:
     """Found by review (2026-12-05): the generated functions look names up on `pg_catalog,
     pg_temp`, so a type whose source was the victim's temporary view named it without a
     schema, and in the attacker's session found the attacker's temporary view of that name:
-    its function ran as the victim, a superuser. A source, a watched table, a key query or
-    statistics that use a temporary relation, type or function are refused at the
-    declaration."""
+    its function ran as the victim, a superuser. A second review got past a check of the
+    declared SQL's dependencies with a cast to a temporary row type in JSON_QUERY's RETURNING
+    (PostgreSQL records no dependency on it), the attacker's table of that name holding a
+    domain whose CHECK ran its function. A declaration is refused in a session that holds any
+    temporary object: then no name in it can resolve to one."""
+    notes = (
+        "select pgrag.declare_document('notes', 'select n.id as source_key, n.body as text "
+        """from victim.notes n', '{"victim.notes": "select id from changed"}')"""
+    )
     with psycopg.connect(scene.victim, autocommit=True) as conn:
+        conn.execute(notes)
         conn.execute(
-            "create temp table tt (id integer); "
-            "create temp view tv as select id as source_key, id::text as text from tt"
+            "create temp table tt (id integer, name text); "
+            "create temp view tv as select id as source_key, id::text as text from tt; "
+            "create domain pg_temp.posint as integer check (value > 0)"
         )
-        with pytest.raises(psycopg.Error, match="temporary") as e:
-            conn.execute("select pgrag.declare_document('tmpv', 'tv')")
-        assert e.value.sqlstate == "PR003"
-        with pytest.raises(psycopg.Error, match="temporary"):
-            conn.execute(
-                "select pgrag.declare_document('tmpq', 'select id as source_key, "
-                "name as text from attack.things', "
-                """'{"attack.things": "select c.id from changed c join tt on tt.id = c.id"}')"""
-            )
-        with pytest.raises(psycopg.Error, match="temporary"):
-            conn.execute(
-                "select pgrag.declare_document('tmpw', 'select id as source_key, "
-                """id::text as text from tt', '{"tt": "select id from changed"}')"""
-            )
-        # a temporary table's row type, cast to: another session's of that name may hold a
-        # domain whose CHECK runs its own function, as the declarer
-        with pytest.raises(psycopg.Error, match="temporary"):
-            conn.execute(
-                "select pgrag.declare_document('tmpt', 'select id as source_key, "
-                "name as text from attack.things', "
-                """'{"attack.things": "select c.id from changed c """
-                """where ((''('' || c.id || '')'')::tt).id is not null"}')"""
-            )
-        conn.execute(
-            "select pgrag.declare_document('notes', 'select n.id as source_key, n.body as text "
-            """from victim.notes n', '{"victim.notes": "select id from changed"}')"""
-        )
-        with pytest.raises(psycopg.Error, match="temporary"):
-            conn.execute(
-                "select pgrag.declare_stats('notes', $s$select jsonb_build_object('n', "
-                "(select count(*) from tv)) from hits h$s$)"
-            )
-        conn.execute("create function pg_temp.n() returns integer language sql return 1")
-        with pytest.raises(psycopg.Error, match="temporary"):
-            conn.execute(
-                "select pgrag.declare_stats('notes', $s$select jsonb_build_object('n', "
-                "pg_temp.n()) from hits h$s$)"
-            )
+        attempts = [
+            "select pgrag.declare_document('tmpv', 'tv')",
+            "select pgrag.declare_document('tmpq', 'select id as source_key, name as text "
+            """from attack.things', '{"attack.things": "select c.id from changed c """
+            """where json_query(to_jsonb(c), ''$'' returning tt) is not null"}')""",
+            "select pgrag.declare_document('tmpw', 'select id as source_key, "
+            """id::text as text from tt', '{"tt": "select id from changed"}')""",
+            "select pgrag.declare_stats('notes', $s$select jsonb_build_object('n', "
+            "json_value(jsonb_build_object('v', 1), '$.v' returning posint)) from hits h$s$)",
+            "select pgrag.declare_stats('notes', $s$select jsonb_build_object('n', "
+            "length(to_tsvector('pg_temp.cfg', 'x'))) from hits h$s$)",
+            notes,  # permanent tables only, but from this session
+        ]
+        for attempt in attempts:
+            with pytest.raises(psycopg.Error, match="no temporary table") as e:
+                conn.execute(attempt)
+            assert e.value.sqlstate == "PR003"
         declared = conn.execute(
             "select array_agg(name order by name) from pgrag.doc_types "
-            "where name in ('tmpv', 'tmpq', 'tmpw', 'tmpt')"
+            "where name in ('tmpv', 'tmpq', 'tmpw')"
         ).fetchone()
         assert declared == (None,)
-    # the attack itself, had the declaration gone through: the attacker's temporary view of
-    # the victim's name, with its own function, finds nothing of the victim's to run in
+        stats = conn.execute("select count(*) from pgrag.doc_stats where doc_type = 'notes'")
+        assert stats.fetchone() == (0,)
+        conn.execute("discard temp")
+        conn.execute(notes)  # (nothing temporary left)
+    # the attack itself, had the first declaration gone through: the attacker's temporary
+    # view of the victim's name, with its own function, finds nothing of the victim's to run
     with psycopg.connect(scene.attacker, autocommit=True) as conn:
         conn.execute(
             f"create temp view tv as select 1 as source_key, {scene.schema}.evil()::text as text"
