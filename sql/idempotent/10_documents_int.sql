@@ -947,7 +947,7 @@ declare
     defer_sql text;
     parent_sql text;
     secrets text;
-    render_sql text;  -- the source's rows as the render returns them (%s: a condition on d)
+    render_sql text;  -- the source's rows as the render returns them (a WHERE on d may follow)
     keyed_sql text;   -- render_sql of the keys `keys`, for the store
     key_check text;   -- the refusal of keys the cast to the key type changes
 begin

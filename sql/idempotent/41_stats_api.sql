@@ -26,15 +26,14 @@ begin
             hint = format('declare its statistics as %s (SET ROLE %s) or a member of it',
                           t.owner, t.owner);
     end if;
-    if stats_sql is not null then
-        perform pgrag._refuse_temporary_objects();  -- (first: an error of its own)
-    end if;
     if stats_sql is null then
         delete from pgrag.doc_stats s where s.doc_type = declare_stats.doc_type;
         execute format('drop function if exists pgrag_docs.%I(jsonb, text[])',
                        pgrag._generated('stats', doc_type));
         return;
     end if;
+    perform pgrag._refuse_temporary_objects();  -- (before the query's own checks: an error of
+                                                -- its own)
     -- Compile and run it once over no rows, as the declarer: a query that does not parse, names
     -- a missing table, or does not return one jsonb column fails here, not in a user's search.
     begin
