@@ -40,8 +40,9 @@ class NoModel:
 
 class TextIndexer:
     """What a running worker does for the write path (since revision 0011): fill in the
-    tsvectors a render at a writer's commit left (``Worker.index_text_batch``), which also
-    tells the commits that something does, so they leave them to it. The write-path benchmarks
+    tsvectors a render at a writer's commit left (``Worker.index_text_batch``; only the commits
+    of sessions with ``pgrag.tsvector = worker`` leave them, and only while something fills them
+    in, which this tells them) and move the GIN pending lists. The write-path benchmarks
     run no embedder; this thread stands in for that part of the worker, on the same cores as
     the writers. Use as a context manager around the measured writes."""
 

@@ -13,6 +13,9 @@ round, the same script and seconds:
   commit  the default: the documents a transaction changed are rendered at its commit
   queue   the triggers record the keys; a worker renders them meanwhile (its render lag, queued
           to rendered, and the queue left at the end are reported)
+  commit-worker (only when asked) commit, each changed chunk's full-text vector left to the
+          worker (pgrag.tsvector = worker): off the writer's commit, but a second row version
+          of each changed chunk, written by the worker on the same cores
   store   (only when asked: --modes ... store) the floor of any same-transaction design: with
           pgrag.sync = off, the same transaction also updates the two document rows the write
           changes (the order's and its customer's chunk, text changed, embedding cleared) with
@@ -84,9 +87,11 @@ def pgbench(
     transactions per second offered in all (0: unthrottled)."""
     info = psycopg.conninfo.conninfo_to_dict(url)
     env = dict(os.environ)
-    env["PGOPTIONS"] = {"commit": "", "store": "-c pgrag.sync=off"}.get(
-        mode, f"-c pgrag.sync={mode}"
-    )
+    env["PGOPTIONS"] = {
+        "commit": "",
+        "commit-worker": "-c pgrag.tsvector=worker",
+        "store": "-c pgrag.sync=off",
+    }.get(mode, f"-c pgrag.sync={mode}")
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "update.sql"
         script.write_text(STORE_SCRIPT if mode == "store" else SCRIPT)
@@ -162,7 +167,7 @@ def main() -> None:
         "--modes",
         nargs="+",
         default=["off", "commit", "queue"],
-        choices=["off", "commit", "queue", "store"],
+        choices=["off", "commit", "commit-worker", "queue", "store"],
     )
     ap.add_argument("--rates", type=int, nargs="+", default=[0], help="offered tx/s (0: all)")
     args = ap.parse_args()
@@ -245,6 +250,24 @@ def report(
                     f"{statistics.median(r['p50'] for r in rows):.2f} | "
                     f"{statistics.median(r['p95'] for r in rows):.2f} | "
                     f"{tps / base if base else 0:.2f} | {lag} | {left} |"
+                )
+    if len(args.clients) > 1:  # issue 18's scaling target: most writers against fewest
+        few, many = min(args.clients), max(args.clients)
+        print()
+        for rate in args.rates:
+            for mode in args.modes:
+                by_round = [
+                    m["tps"] / f["tps"]
+                    for f, m in zip(
+                        results[(mode, few, rate)], results[(mode, many, rate)], strict=True
+                    )
+                ]
+                median = statistics.median(
+                    r["tps"] for r in results[(mode, many, rate)]
+                ) / statistics.median(r["tps"] for r in results[(mode, few, rate)])
+                print(
+                    f"- {mode}, rate {rate or 'all'}: {many} writers / {few}: {median:.2f}x "
+                    f"(by round {', '.join(f'{x:.2f}' for x in by_round)})"
                 )
 
 

@@ -481,12 +481,14 @@ def test_a_failing_document_does_not_stop_a_rebuild(shop: str) -> None:
         assert problems == [("2", "render failed (22012): division by zero")]
 
 
-def test_a_commit_leaves_the_tsvector_to_the_worker_and_text_search_stays_exact(shop: str) -> None:
-    """Revision 0011: while a worker fills tsvectors in, a render at the writer's commit writes
-    the new text and leaves its tsvector (most of the cost of writing a chunk) for it, as it
-    leaves the vector; a full-text search matches and ranks the new text at once, exactly as
-    once the worker has filled it in; a refresh, which runs outside the writer's commit, writes
-    it itself (and one found missing), as every commit does when no worker has run lately."""
+def test_a_commit_writes_the_tsvector_unless_asked_to_leave_it_to_the_worker(shop: str) -> None:
+    """A render at a writer's commit writes each changed chunk's tsvector with its text, a
+    worker running or not (one row version a change: docs/benchmarks.md, "The tsvector at
+    commit again"). A session that sets pgrag.tsvector = worker leaves it NULL for the worker
+    while one fills tsvectors in, as it leaves the vector; a full-text search matches and ranks
+    the new text at once, exactly as once the worker has filled it in; a refresh, which runs
+    outside the writer's commit, writes it itself (and one found missing), as every commit does
+    when no worker has run lately. Any other value of the setting is the default."""
     from pgrag.search import search
 
     chunk = (
@@ -497,6 +499,12 @@ def test_a_commit_leaves_the_tsvector_to_the_worker_and_text_search_stays_exact(
         conn.execute("update shop.customers set name = 'Ana Lima-Santos' where customer_id = 2")
         assert conn.execute(chunk).fetchone() == (False,)  # no worker yet: nothing would fill it
         conn.execute("select pgrag.index_text()")  # what a worker does (and says it does)
+        conn.execute("update shop.customers set name = 'Ana Lima-Souza' where customer_id = 2")
+        assert conn.execute(chunk).fetchone() == (False,)  # the default: written at commit
+        conn.execute("set pgrag.tsvector = 'workers'")  # (not a value it knows: the default)
+        conn.execute("update shop.customers set name = 'Ana Lima-Silva' where customer_id = 2")
+        assert conn.execute(chunk).fetchone() == (False,)
+        conn.execute("set pgrag.tsvector = 'worker'")
         conn.execute("update shop.customers set name = 'Ana Zyxwvut' where customer_id = 2")
         assert "Zyxwvut" in profile(shop, "2")
         assert conn.execute(chunk).fetchone() == (True,)
@@ -536,6 +544,7 @@ def test_a_commit_leaves_the_tsvector_to_the_worker_and_text_search_stays_exact(
 
 def test_the_worker_fills_in_the_tsvectors_a_commit_left(shop: str) -> None:
     with psycopg.connect(shop, autocommit=True) as conn:
+        conn.execute("set pgrag.tsvector = worker")
         conn.execute("select pgrag.index_text()")  # a worker ran: commits leave them to it
         conn.execute("update shop.customers set segment = 'VIP'")
         waiting = "select count(*) from pgrag.chunks where tsv is null"
@@ -560,6 +569,7 @@ def test_only_a_small_commit_leaves_tsvectors_and_only_a_commit_does(shop: str) 
             'from shop.notes\', \'{"shop.notes": "select id from changed"}\')'
         )
         conn.execute("insert into shop.notes select g, 'note ' || g from generate_series(1, 150) g")
+        conn.execute("set pgrag.tsvector = worker")
         conn.execute("select pgrag.index_text()")  # a worker is running
         conn.execute("update shop.notes set body = body || ' again' where id <= 100")
         assert conn.execute(waiting).fetchone() == (100,)  # small: left to the worker

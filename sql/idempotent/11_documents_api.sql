@@ -960,16 +960,21 @@ begin
         delete from pgrag.sync_queue s where s.xid = me;
     end if;
 
-    -- 5. render, each changed text's full-text vector left to the worker (pgrag.index_text;
-    --    searches compute it from the text meanwhile): most of the cost of writing a chunk,
-    --    in the writer's commit. Only while a worker fills them in (it ran pgrag.index_text in
-    --    the last minute: else nothing would, and every search would compute them), and for a
-    --    commit of at most 100 documents: a bulk one's would cost every search until the
-    --    worker caught up (33,000 waiting: 1-2 s a search; found by review)
+    -- 5. render. Each changed text's full-text vector is written with it, unless the session
+    --    asks for it to be left to the worker (pgrag.tsvector = worker: pgrag.index_text fills
+    --    it in, searches compute it from the text meanwhile), which takes it off the writer's
+    --    commit (0.2 ms of a single-row write of the sample shop) but writes each changed chunk
+    --    once more, in the worker: 20-30% fewer writes a second from four writers on two cores
+    --    (docs/benchmarks.md, "The tsvector at commit again"). Even then only while a worker
+    --    fills them in (it ran pgrag.index_text in the last minute: else nothing would, and
+    --    every search would compute them), and for a commit of at most 100 documents: a bulk
+    --    one's would cost every search until the worker caught up (33,000 waiting: 1-2 s a
+    --    search; found by review)
     n := pgrag._render_todo(todo,
-        (select s.text_indexed_at between clock_timestamp() - interval '1 minute'
-                                      and clock_timestamp()
-           from pgrag.settings s)
+        current_setting('pgrag.tsvector', true) is not distinct from 'worker'
+        and (select s.text_indexed_at between clock_timestamp() - interval '1 minute'
+                                          and clock_timestamp()
+               from pgrag.settings s)
         and (select coalesce(sum(case when jsonb_typeof(e.value) = 'array'
                                       then jsonb_array_length(e.value) end), 0) <= 100
                     and bool_and(jsonb_typeof(e.value) = 'array')
