@@ -496,8 +496,10 @@ def test_a_commit_writes_the_tsvector_unless_asked_to_leave_it_to_the_worker(sho
         "where doc_type = 'customer_profile' and source_key = '2'"
     )
     with psycopg.connect(shop, autocommit=True) as conn:
+        conn.execute("set pgrag.tsvector = worker")
         conn.execute("update shop.customers set name = 'Ana Lima-Santos' where customer_id = 2")
         assert conn.execute(chunk).fetchone() == (False,)  # no worker yet: nothing would fill it
+        conn.execute("reset pgrag.tsvector")  # ('' now, no longer unset: the default too)
         conn.execute("select pgrag.index_text()")  # what a worker does (and says it does)
         conn.execute("update shop.customers set name = 'Ana Lima-Souza' where customer_id = 2")
         assert conn.execute(chunk).fetchone() == (False,)  # the default: written at commit

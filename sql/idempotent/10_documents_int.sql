@@ -1059,8 +1059,9 @@ begin
     -- not INSERT ... ON CONFLICT DO UPDATE, for the documents that exist: an insert computes
     -- the tsvector and the hash before it finds the conflict, and the update computes them
     -- again (measured: 0.34 against 0.23 ms per 900-character document). A changed text's
-    -- tsvector is written with it, or left NULL for the worker by a render at a writer's commit
-    -- (pgrag.defer_tsv, set by pgrag._render_todo; the embedding is cleared either way).
+    -- tsvector is written with it, or left NULL for the worker by a render at the commit of a
+    -- writer that asks for it (pgrag.tsvector = worker; pgrag.defer_tsv, set by
+    -- pgrag._render_todo; the embedding is cleared either way).
     -- Separate statements for "these keys" and "all" so each has a good cached plan (an `or
     -- keys is null` would make the keyed one scan the whole type). It takes no lock: its
     -- callers hold the documents' locks (pgrag._lock_documents).
@@ -1161,8 +1162,9 @@ begin
             into n_up, n_pending, new_keys, twice, n_gone, n_rendered, rendered
             $u$, null, t.name, parent_sql,  -- (%1$s unused: the render is the first %%s)
             pgrag._limit('document_chars'), conflict_sql,
-            -- a render at a writer's commit (pgrag.sync_now) leaves a changed text's full-text
-            -- vector to the worker (pgrag.index_text): most of the cost of writing the chunk
+            -- a render at the commit of a writer that asks for it (pgrag.sync_now, with
+            -- pgrag.tsvector = worker) leaves a changed text's full-text vector to the worker
+            -- (pgrag.index_text): a good part of the cost of writing the chunk
             defer_sql, format(same_sql, 's', defer_sql), format(set_sql, 's', defer_sql));
 
     -- One document (a writer's commit renders one a type, most often): the same store in plain
@@ -2000,9 +2002,9 @@ as $fn$
 -- children (a child's parent_id resolves to its parent's new chunk), under the caller's
 -- document locks: every render goes through here (a commit's, the worker's, a refresh).
 -- Returns the number of chunks written or deleted. defer_tsv: each changed text's tsvector is
--- left NULL for the worker (pgrag.sync_now's small renders), else written with it (the setting
--- pgrag.defer_tsv, which the generated store functions read, set either way: a session's own
--- value of it changes nothing). on_error: pgrag._store's.
+-- left NULL for the worker (pgrag.sync_now's small renders, asked to by pgrag.tsvector), else
+-- written with it (the setting pgrag.defer_tsv, which the generated store functions read, set
+-- either way: a session's own value of it changes nothing). on_error: pgrag._store's.
 -- Several types are first stored together (in a READ COMMITTED transaction), under one call
 -- guard and in one subtransaction: a writer's commit renders two or three types, and the
 -- guard and the subtransaction of each cost more than a small document's render (2026-12-05:

@@ -442,7 +442,8 @@ begin
         return 0;
     end if;
     perform pgrag._lock_documents(jsonb_build_object(doc_type, to_jsonb(keys)), true);
-    -- (the tsvectors written with the texts: only a commit's small render leaves them)
+    -- (the tsvectors written with the texts: only a commit's small render, when its session
+    -- asks, leaves them)
     return pgrag._render_todo(jsonb_build_object(doc_type, to_jsonb(keys)), false, on_error);
 end
 $fn$;
@@ -964,7 +965,7 @@ begin
     --    asks for it to be left to the worker (pgrag.tsvector = worker: pgrag.index_text fills
     --    it in, searches compute it from the text meanwhile), which takes it off the writer's
     --    commit (0.2 ms of a single-row write of the sample shop) but writes each changed chunk
-    --    once more, in the worker: 20-30% fewer writes a second from four writers on two cores
+    --    once more, in the worker: 20-22% fewer writes a second from four writers on two cores
     --    (docs/benchmarks.md, "The tsvector at commit again"). Even then only while a worker
     --    fills them in (it ran pgrag.index_text in the last minute: else nothing would, and
     --    every search would compute them), and for a commit of at most 100 documents: a bulk

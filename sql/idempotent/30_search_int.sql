@@ -14,8 +14,9 @@ as $$
 -- the planner's statistics of pgrag.chunks.tsv as the calling role sees them in pg_stats
 -- (after ANALYZE; none before it, and none while row-level security applies to the role).
 -- Their frequencies are of the rows that have a tsvector: taken for every row's, those still
--- waiting for theirs (pgrag.index_text) being few (only small commits leave them: scaling by
--- their share made a word common or not depending on when ANALYZE ran; found by review).
+-- waiting for theirs (pgrag.index_text) being few (only small commits that ask to leave them,
+-- pgrag.tsvector = worker: scaling by their share made a word common or not depending on when
+-- ANALYZE ran; found by review).
 begin
     if (select c.reltuples from pg_class c where c.oid = 'pgrag.chunks'::regclass)
        < min_rows then

@@ -167,7 +167,8 @@ begin
     execute format('grant update (embedding_model) on pgrag.settings to %I', s.writer_role);
     -- the worker tunes ef_search when the store grew or shrank twofold (pgrag/tune.py)
     execute format('grant update (ef_search) on pgrag.settings to %I', s.writer_role);
-    -- pgrag.index_text records when it ran: a commit then leaves the tsvectors to the worker
+    -- pgrag.index_text records when it ran: only then does a commit asked to (pgrag.tsvector =
+    -- worker) leave the tsvectors to the worker
     execute format('grant update (text_indexed_at) on pgrag.settings to %I', s.writer_role);
     execute format('grant select, insert on pgrag.tuning to %I', s.writer_role);
     execute format('grant select, insert on pgrag.eval_runs to %I', s.writer_role);
