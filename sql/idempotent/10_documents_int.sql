@@ -377,6 +377,7 @@ declare
         pg_catalog.current_setting('pgrag.truncated', true),
         pg_catalog.current_setting('pgrag.keyed_at', true),
         pg_catalog.current_setting('pgrag.defer_tsv', true),
+        pg_catalog.current_setting('pgrag.tsvector', true),
         -- (and those that shape the session's later searches: a view that left ef_search at
         -- 1000, or the filters' kept estimates forged, slowed or thinned every search after it)
         pg_catalog.current_setting('pgrag.ef_search', true),
