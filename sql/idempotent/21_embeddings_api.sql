@@ -82,12 +82,11 @@ as $$
 -- Fill in the full-text vector (pgrag.chunks.tsv: pgrag.text_tsvector of the text) of up to
 -- max_rows chunks that have none, oldest first: those a render at a writer's commit left for
 -- the worker (revision 0011; a session with pgrag.tsvector = worker), and any chunk written
--- other than by pgrag's renders. The worker
--- calls it ahead of the embeddings (it costs a few ms per 100 chunks, an embedding a second or
--- more); so may a cron job or a session. Each call records when it ran
--- (pgrag.settings.text_indexed_at, at most every 10 s): a writer's commit leaves the tsvectors
--- NULL (when its session asks) only while something fills them in. A chunk another transaction is writing is skipped
--- (SKIP LOCKED), never waited for, and the lock taken (FOR NO KEY UPDATE, as
+-- other than by pgrag's renders. The worker calls it ahead of the embeddings (it costs a few
+-- ms per 100 chunks, an embedding a second or more); so may a cron job or a session. Each call
+-- records when it ran (pgrag.settings.text_indexed_at, at most every 10 s): a writer's commit
+-- leaves the tsvectors NULL (when its session asks) only while something fills them in. A
+-- chunk another transaction is writing is skipped (SKIP LOCKED), never waited for, and the lock taken (FOR NO KEY UPDATE, as
 -- pgrag.store_embeddings takes) lets a child chunk's or an embedder error's foreign key check
 -- through. Returns how many it filled: 0 when none is waiting. The default, 500, is the
 -- worker's batch: its row locks held 50-150 ms, which a render of one of them waits for.

@@ -32,7 +32,8 @@ $$;
 create index chunks_tsv_pending on pgrag.chunks (id) where tsv is null;
 
 -- When a worker last filled tsvectors in (pgrag.index_text): a commit defers them (when its
--- session asks) only while one does, so that a store without a running worker never piles them up.
+-- session asks) only while one does, so that a store without a running worker never piles them
+-- up.
 alter table pgrag.settings add column text_indexed_at timestamptz;
 
 comment on column pgrag.settings.text_indexed_at is
