@@ -20,6 +20,10 @@ round, the same script and seconds:
           pgrag.sync = off, the same transaction also updates the two document rows the write
           changes (the order's and its customer's chunk, text changed, embedding cleared) with
           plain UPDATEs: no render, no key query, no lock, no bookkeeping
+  render  (only when asked) store's floor plus the render: the two documents' rows written
+          from the sample's declared views (the order's and its customer's, their keys given
+          by the write itself), no key query, no lock, no call guard, no bookkeeping: what any
+          same-transaction design of these documents pays, pgrag's machinery aside
 
 With ``--rates``, pgbench offers that many transactions per second in all (``-R``; 0: as many
 as the writers can), each rate a run of its own: at a rate the writers can sustain, the queue
@@ -81,6 +85,26 @@ STORE_SCRIPT = (
     "where order_id = (select order_id from i))) "
     "select;\n"
 )
+# The render mode's statement: the store mode's, each document's text and metadata taken from
+# its declared view (the sample's, sql/sample/shop_documents.sql) as the commit's render takes
+# them. (One statement, one snapshot: the views see the row before the write; the render's
+# work is the same.)
+RENDER_SCRIPT = (
+    "\\set id random(1, :max_item)\n"
+    "with i as (update shop.order_items set quantity = quantity % 9 + 1 "
+    "where order_item_id = :id returning order_id), "
+    "k as (select o.order_id, o.customer_id from shop.orders o "
+    "where o.order_id = (select order_id from i)), "
+    "o as (update pgrag.chunks c set text = d.text, metadata = d.metadata, embedding = null, "
+    "tsv = pgrag.text_tsvector(d.text), updated_at = now() "
+    "from shop.order_detail_doc d where d.source_key = (select order_id from k) "
+    "and c.doc_type = 'order_detail' and c.source_key = d.source_key::text), "
+    "c as (update pgrag.chunks c set text = d.text, metadata = d.metadata, embedding = null, "
+    "tsv = pgrag.text_tsvector(d.text), updated_at = now() "
+    "from shop.customer_profile_doc d where d.source_key = (select customer_id from k) "
+    "and c.doc_type = 'customer_profile' and c.source_key = d.source_key::text) "
+    "select;\n"
+)
 
 
 def pgbench(
@@ -94,10 +118,11 @@ def pgbench(
         "commit": "",
         "commit-worker": "-c pgrag.tsvector=worker",
         "store": "-c pgrag.sync=off",
+        "render": "-c pgrag.sync=off",
     }.get(mode, f"-c pgrag.sync={mode}")
     with tempfile.TemporaryDirectory() as tmp:
         script = Path(tmp) / "update.sql"
-        script.write_text(STORE_SCRIPT if mode == "store" else SCRIPT)
+        script.write_text({"store": STORE_SCRIPT, "render": RENDER_SCRIPT}.get(mode, SCRIPT))
         argv = [
             str(bin_dir() / "pgbench"), "-n", "-M", "prepared", "-c", str(clients),
             "-j", str(clients), "-T", str(int(seconds)), "-f", str(script),
@@ -170,7 +195,7 @@ def main() -> None:
         "--modes",
         nargs="+",
         default=["off", "commit", "queue"],
-        choices=["off", "commit", "commit-worker", "queue", "store"],
+        choices=["off", "commit", "commit-worker", "queue", "store", "render"],
     )
     ap.add_argument("--rates", type=int, nargs="+", default=[0], help="offered tx/s (0: all)")
     args = ap.parse_args()
