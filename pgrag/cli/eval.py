@@ -23,6 +23,7 @@ from pgrag.cli.options import (
     seed_option,
     url_of,
 )
+from pgrag.lab.strategies import BENCH_STRATEGIES, STRATEGIES, get_strategy
 
 
 def _bar(desc: str, total: int, enabled: bool = True) -> Any:
@@ -129,8 +130,7 @@ def print_result(result: Any) -> None:
     default="hybrid",
     show_default=True,
     metavar="NAME",
-    help="hybrid (pgrag's pipeline), vector, text, customer_profile, parent_child, table_row, "
-    "join_row (docs/evaluation.md).",
+    help=f"{', '.join(STRATEGIES)} (hybrid: pgrag's pipeline; docs/evaluation.md).",
 )
 @click.option(
     "--filters/--no-filters",
@@ -186,7 +186,7 @@ def eval_command(
     from pgrag.answer import LLMConfig
     from pgrag.db import connect
     from pgrag.lab.eval.questions import read_jsonl
-    from pgrag.lab.eval.runner import get_strategy, run_eval, sha256_of, store_run
+    from pgrag.lab.eval.runner import run_eval, sha256_of, store_run
 
     strat = get_strategy(strategy)  # before reading the file or starting anything
     path = Path(questions_file)
@@ -345,8 +345,7 @@ def eval_questions(
     "strategies",
     multiple=True,
     metavar="NAME",
-    help="Evaluate only this strategy (repeatable; default: table_row, join_row, "
-    "customer_profile, parent_child, hybrid).",
+    help=f"Evaluate only this strategy (repeatable; default: {', '.join(BENCH_STRATEGIES)}).",
 )
 @click.option(
     "--reuse", is_flag=True,
@@ -383,9 +382,8 @@ def bench_strategies(
     extractive answers.
     """
     json_out = "-" if as_json else (None if output is None else str(output))
-    from pgrag.lab.eval.bench import BENCH_STRATEGIES, markdown, run_strategy_bench
+    from pgrag.lab.eval.bench import markdown, run_strategy_bench
     from pgrag.lab.eval.questions import write_jsonl
-    from pgrag.lab.eval.runner import get_strategy
 
     for name in strategies:
         get_strategy(name)

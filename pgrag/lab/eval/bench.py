@@ -20,19 +20,12 @@ import psycopg
 from pgrag.errors import mapped_database_errors
 from pgrag.lab.eval.metrics import Report, evaluate
 from pgrag.lab.eval.questions import Question, generate_shop_questions, labels, qrels
-from pgrag.lab.eval.runner import (
-    STRATEGIES,
-    EvalResult,
-    Strategy,
-    chunk_counts,
-    named_queries,
-    run_eval,
-)
+from pgrag.lab.eval.runner import EvalResult, chunk_counts, named_queries, run_eval
+from pgrag.lab.strategies import BENCH_STRATEGIES, Strategy, get_strategy
 
 if TYPE_CHECKING:
     from pgrag.embed.base import Embedder
 
-BENCH_STRATEGIES = ("table_row", "join_row", "customer_profile", "parent_child", "hybrid")
 SHOP_TYPES = ("customer_profile", "order_detail", "table_row", "join_row")
 EMBED_BATCH = 64
 
@@ -201,7 +194,7 @@ def run_strategy_bench(
 
     if load is None:
         validate(customers, seed)
-    chosen = [STRATEGIES[s] if s in STRATEGIES else _unknown(s) for s in strategies]
+    chosen = [get_strategy(s) for s in strategies]  # (ConfigError naming the known ones)
     started = time.perf_counter()
     model = embedder if embedder is not None and not isinstance(embedder, str) else None
     model = model or get_embedder(embedder if isinstance(embedder, str) else None)
@@ -310,12 +303,6 @@ def _ticker(bar: Any) -> Callable[[int, int], None] | None:
         bar.update(1)
 
     return tick
-
-
-def _unknown(name: str) -> Strategy:
-    from pgrag.lab.eval.runner import get_strategy
-
-    return get_strategy(name)  # raises ConfigError naming the known strategies
 
 
 # ---------------------------------------------------------------- markdown

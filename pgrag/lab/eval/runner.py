@@ -54,7 +54,8 @@ from pgrag.lab.eval.faithfulness import Verdict, check, judge
 from pgrag.lab.eval.metrics import METRICS, Means, QueryScores, Report, evaluate
 from pgrag.lab.eval.questions import Question, dumps_jsonl, labels, qrels
 from pgrag.lab.sample_documents import COMPARISON_TYPES
-from pgrag.search import Mode, SearchHit
+from pgrag.lab.strategies import STRATEGIES, Strategy, get_strategy
+from pgrag.search import SearchHit
 
 if TYPE_CHECKING:
     from pgrag.embed.base import Embedder
@@ -69,67 +70,6 @@ CLUBDATA_ENTITIES: dict[str, str] = {
     "facility_id": "club_facility",
 }
 KNOWN_ENTITIES = (SHOP_ENTITIES, NORTHWIND_ENTITIES, CLUBDATA_ENTITIES)
-
-
-@dataclass(frozen=True)
-class Strategy:
-    """A way to retrieve: the ask pipeline, or one search mode over fixed document types."""
-
-    name: str
-    description: str
-    mode: Mode
-    doc_types: tuple[str, ...] | None  # None: every type (the parse's, for the pipeline)
-    pipeline: bool = False  # the whole ask pipeline (parse, filters, stats, rerank)
-
-
-STRATEGIES: dict[str, Strategy] = {
-    s.name: s
-    for s in (
-        Strategy(
-            "hybrid",
-            "pgrag: parsed filters + vector + full text + RRF + exact stats",
-            "hybrid",
-            None,
-            pipeline=True,
-        ),
-        Strategy("vector", "vector search over every document type", "vector", None),
-        Strategy("text", "full-text search over every document type", "text", None),
-        Strategy(
-            "customer_profile",
-            "vector search over relationship-preserving customer profiles",
-            "vector",
-            ("customer_profile",),
-        ),
-        Strategy(
-            "parent_child",
-            "vector search over profiles and their order children (hits with parent)",
-            "vector",
-            ("customer_profile", "order_detail"),
-        ),
-        Strategy(
-            "table_row",
-            "vector search over each table's rows rendered apart",
-            "vector",
-            ("table_row",),
-        ),
-        Strategy(
-            "join_row",
-            "vector search over flattened JOIN rows (one per order item)",
-            "vector",
-            ("join_row",),
-        ),
-    )
-}
-
-
-def get_strategy(name: str) -> Strategy:
-    """The strategy called ``name``, or a ConfigError listing the known ones."""
-    found = STRATEGIES.get(name)
-    if found is None:
-        raise ConfigError(
-            f"unknown strategy {name!r}: use one of {', '.join(STRATEGIES)} (docs/evaluation.md)"
-        )
-    return found
 
 
 # ---------------------------------------------------------------- results
