@@ -40,7 +40,8 @@ from pgrag.lab.eval.bench import embed_type, result_markdown
 from pgrag.lab.eval.metrics import evaluate
 from pgrag.lab.eval.northwind import generate_northwind_questions
 from pgrag.lab.eval.questions import labels, qrels, write_jsonl
-from pgrag.lab.eval.runner import NORTHWIND_ENTITIES, STRATEGIES, Strategy, run_eval
+from pgrag.lab.eval.runner import NORTHWIND_ENTITIES, run_eval
+from pgrag.lab.strategies import STRATEGIES, Strategy
 from pgrag.server import bin_dir
 
 DB = "pgrag_northwind_eval"

@@ -1,10 +1,16 @@
 """The retrieval strategies an evaluation (pgrag.lab.eval) can run, by name: one list, which
-the runner, the strategy benchmark and the CLI's help all read. It lives outside
-pgrag.lab.eval, whose package imports its metrics and question sets (15 ms): the CLI reads
-this at every start.
+the runner, the strategy benchmark and the eval commands' help read. It lives outside
+pgrag.lab.eval, whose package imports its metrics and question sets (15 ms), which the CLI
+would then pay to list its commands.
 
-``hybrid`` is pgrag's ask pipeline; ``vector`` and ``text`` one search mode over every document
-type; the others one chunking of the sample shop each (pgrag/lab/eval/runner.py says what).
+- ``hybrid``: pgrag's ask pipeline: the parsed filters (``filters=False`` drops them) + vector
+  + full text + reciprocal rank fusion + exact statistics, then dedup and rerank; its ranking
+  is the statement's order.
+- ``vector`` / ``text``: one search mode over every document type (or ``doc_types``).
+- ``customer_profile``, ``parent_child``, ``table_row``, ``join_row``: plain vector search over
+  one chunking of the sample shop (the relationship-preserving profiles; profiles and their
+  order children; each table's rows apart; flattened JOIN rows). They isolate the chunking:
+  no filters, no full text, no stats.
 """
 
 from __future__ import annotations

@@ -401,7 +401,6 @@ def result_markdown(
 
 
 __all__ = [
-    "BENCH_STRATEGIES",
     "IndexCost",
     "StrategyBench",
     "StrategyRow",

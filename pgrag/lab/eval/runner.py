@@ -6,16 +6,7 @@ ranking of the question set's doc ids (the credit rule below), scores it with
 configured LLM) and checks it with ``pgrag.lab.eval.faithfulness``. ``store_run(conn, result)``
 inserts the result into ``pgrag.eval_runs``; ``list_runs`` reads them back.
 
-Strategies (``STRATEGIES``):
-
-- ``hybrid``: pgrag's ask pipeline: the parsed filters (``filters=False`` drops them) + vector
-  + full text + reciprocal rank fusion + exact statistics, then dedup and rerank; its ranking
-  is the statement's order.
-- ``vector`` / ``text``: one search mode over every document type (or ``doc_types``).
-- ``customer_profile``, ``parent_child``, ``table_row``, ``join_row``: plain vector search over
-  one chunking of the sample shop (the relationship-preserving profiles; profiles and their
-  order children; each table's rows apart; flattened JOIN rows). They isolate the chunking:
-  no filters, no full text, no stats.
+The strategies, by name: ``pgrag.lab.strategies``.
 
 The credit rule (how a hit maps to the labels): relevant documents are named
 ``doc_type:source_key`` (``customer_profile:1``, ``order_detail:4012``). A hit *belongs to* its
@@ -54,7 +45,7 @@ from pgrag.lab.eval.faithfulness import Verdict, check, judge
 from pgrag.lab.eval.metrics import METRICS, Means, QueryScores, Report, evaluate
 from pgrag.lab.eval.questions import Question, dumps_jsonl, labels, qrels
 from pgrag.lab.sample_documents import COMPARISON_TYPES
-from pgrag.lab.strategies import STRATEGIES, Strategy, get_strategy
+from pgrag.lab.strategies import Strategy, get_strategy
 from pgrag.search import SearchHit
 
 if TYPE_CHECKING:
@@ -586,17 +577,14 @@ def list_runs(
 
 
 __all__ = [
-    "STRATEGIES",
     "EvalResult",
     "FaithfulnessSummary",
     "Latency",
     "QuestionRun",
     "StoredRun",
-    "Strategy",
     "belongs_to",
     "credit",
     "entity_keys_for",
-    "get_strategy",
     "list_runs",
     "run_eval",
     "sha256_of",
