@@ -21,9 +21,10 @@ round, the same script and seconds:
           changes (the order's and its customer's chunk, text changed, embedding cleared) with
           plain UPDATEs: no render, no key query, no lock, no bookkeeping
   render  (only when asked) store's floor plus the render: the two documents' rows written
-          from the sample's declared views (the order's and its customer's, their keys given
-          by the write itself), no key query, no lock, no call guard, no bookkeeping: what any
-          same-transaction design of these documents pays, pgrag's machinery aside
+          from the sample's declared views (the order's and its customer's; the customer found
+          by the order's primary key), no lock, no call guard, no bookkeeping, in the write's
+          own statement: what a same-transaction design of these documents pays, pgrag's
+          machinery aside
 
 With ``--rates``, pgbench offers that many transactions per second in all (``-R``; 0: as many
 as the writers can), each rate a run of its own: at a rate the writers can sustain, the queue
@@ -87,20 +88,28 @@ STORE_SCRIPT = (
 )
 # The render mode's statement: the store mode's, each document's text and metadata taken from
 # its declared view (the sample's, sql/sample/shop_documents.sql) as the commit's render takes
-# them. (One statement, one snapshot: the views see the row before the write; the render's
-# work is the same.)
+# them. One statement, one snapshot: the views see the row before the write, so the rendered
+# text is most often the stored one; one character of it is replaced, as in the store mode, so
+# that the row's text and tsvector change as a real render's do (an unchanged row could be
+# written as a HOT update, with no index entries: cheaper than any real write). The key query
+# is the order's primary-key lookup of its customer.
 RENDER_SCRIPT = (
     "\\set id random(1, :max_item)\n"
+    "\\set q random(0, 9)\n"
     "with i as (update shop.order_items set quantity = quantity % 9 + 1 "
     "where order_item_id = :id returning order_id), "
     "k as (select o.order_id, o.customer_id from shop.orders o "
     "where o.order_id = (select order_id from i)), "
-    "o as (update pgrag.chunks c set text = d.text, metadata = d.metadata, embedding = null, "
-    "tsv = pgrag.text_tsvector(d.text), updated_at = now() "
+    "o as (update pgrag.chunks c set text = overlay(d.text placing :q::text from 1 for 1), "
+    "metadata = d.metadata, embedding = null, "
+    "tsv = pgrag.text_tsvector(overlay(d.text placing :q::text from 1 for 1)), "
+    "updated_at = now() "
     "from shop.order_detail_doc d where d.source_key = (select order_id from k) "
     "and c.doc_type = 'order_detail' and c.source_key = d.source_key::text), "
-    "c as (update pgrag.chunks c set text = d.text, metadata = d.metadata, embedding = null, "
-    "tsv = pgrag.text_tsvector(d.text), updated_at = now() "
+    "c as (update pgrag.chunks c set text = overlay(d.text placing :q::text from 1 for 1), "
+    "metadata = d.metadata, embedding = null, "
+    "tsv = pgrag.text_tsvector(overlay(d.text placing :q::text from 1 for 1)), "
+    "updated_at = now() "
     "from shop.customer_profile_doc d where d.source_key = (select customer_id from k) "
     "and c.doc_type = 'customer_profile' and c.source_key = d.source_key::text) "
     "select;\n"
