@@ -64,24 +64,32 @@ SCRIPT = (
     "\\set id random(1, :max_item)\n"
     "update shop.order_items set quantity = quantity % 9 + 1 where order_item_id = :id;\n"
 )
+
+
 # The store mode's statement: the write and the writes of its two documents' rows, in one
 # statement as the write is (no extra round trip), as the commit's store makes them: the text
 # changes, so every index takes the new row version, the vector is cleared for the worker and
 # the tsvector computed from the new text (as a commit does by default; pgrag.tsvector =
 # worker leaves it NULL). The metadata stays as it was (the real store changes it too): a lower
 # bound.
+def _changed(text: str) -> str:
+    """The SET clause of a chunk row written as a render writes a changed document: ``text``
+    with one character replaced (:q), its tsvector computed, its vector cleared."""
+    changed = f"overlay({text} placing :q::text from 1 for 1)"
+    return (
+        f"text = {changed}, embedding = null, tsv = pgrag.text_tsvector({changed}), "
+        "updated_at = now()"
+    )
+
+
 STORE_SCRIPT = (
     "\\set id random(1, :max_item)\n"
     "\\set q random(0, 9)\n"
     "with i as (update shop.order_items set quantity = quantity % 9 + 1 "
     "where order_item_id = :id returning order_id), "
-    "o as (update pgrag.chunks set text = overlay(text placing :q::text from 1 for 1), "
-    "embedding = null, tsv = pgrag.text_tsvector(overlay(text placing :q::text from 1 for 1)), "
-    "updated_at = now() where doc_type = 'order_detail' "
+    f"o as (update pgrag.chunks set {_changed('text')} where doc_type = 'order_detail' "
     "and source_key = (select order_id::text from i)), "
-    "c as (update pgrag.chunks set text = overlay(text placing :q::text from 1 for 1), "
-    "embedding = null, tsv = pgrag.text_tsvector(overlay(text placing :q::text from 1 for 1)), "
-    "updated_at = now() where doc_type = 'customer_profile' "
+    f"c as (update pgrag.chunks set {_changed('text')} where doc_type = 'customer_profile' "
     "and source_key = (select customer_id::text from shop.orders "
     "where order_id = (select order_id from i))) "
     "select;\n"
@@ -100,16 +108,10 @@ RENDER_SCRIPT = (
     "where order_item_id = :id returning order_id), "
     "k as (select o.order_id, o.customer_id from shop.orders o "
     "where o.order_id = (select order_id from i)), "
-    "o as (update pgrag.chunks c set text = overlay(d.text placing :q::text from 1 for 1), "
-    "metadata = d.metadata, embedding = null, "
-    "tsv = pgrag.text_tsvector(overlay(d.text placing :q::text from 1 for 1)), "
-    "updated_at = now() "
+    f"o as (update pgrag.chunks c set {_changed('d.text')}, metadata = d.metadata "
     "from shop.order_detail_doc d where d.source_key = (select order_id from k) "
     "and c.doc_type = 'order_detail' and c.source_key = d.source_key::text), "
-    "c as (update pgrag.chunks c set text = overlay(d.text placing :q::text from 1 for 1), "
-    "metadata = d.metadata, embedding = null, "
-    "tsv = pgrag.text_tsvector(overlay(d.text placing :q::text from 1 for 1)), "
-    "updated_at = now() "
+    f"c as (update pgrag.chunks c set {_changed('d.text')}, metadata = d.metadata "
     "from shop.customer_profile_doc d where d.source_key = (select customer_id from k) "
     "and c.doc_type = 'customer_profile' and c.source_key = d.source_key::text) "
     "select;\n"

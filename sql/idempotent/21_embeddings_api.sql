@@ -86,10 +86,11 @@ as $$
 -- ms per 100 chunks, an embedding a second or more); so may a cron job or a session. Each call
 -- records when it ran (pgrag.settings.text_indexed_at, at most every 10 s): a writer's commit
 -- leaves the tsvectors NULL (when its session asks) only while something fills them in. A
--- chunk another transaction is writing is skipped (SKIP LOCKED), never waited for, and the lock taken (FOR NO KEY UPDATE, as
--- pgrag.store_embeddings takes) lets a child chunk's or an embedder error's foreign key check
--- through. Returns how many it filled: 0 when none is waiting. The default, 500, is the
--- worker's batch: its row locks held 50-150 ms, which a render of one of them waits for.
+-- chunk another transaction is writing is skipped (SKIP LOCKED), never waited for, and the
+-- lock taken (FOR NO KEY UPDATE, as pgrag.store_embeddings takes) lets a child chunk's or an
+-- embedder error's foreign key check through. Returns how many it filled: 0 when none is
+-- waiting. The default, 500, is the worker's batch: its row locks held 50-150 ms, which a
+-- render of one of them waits for.
 declare
     n integer;
 begin
